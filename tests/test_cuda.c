@@ -2006,14 +2006,17 @@ static void test_linear_gelu(gp_dtype dt)
  * a convolution of 1 channel, too few products for bf16, is FP32 (1e-4).
  * A GPU before sm_80 refuses bf16 saying what to use. */
 /* ---- channels-last on the GPU (issue 67) -------------------------------------
- * Each op of a chain (convolution, batch norm, pooling) on the bf16 device
- * g, called once on plain tensors and once on the same values laid out
- * channels-last (the descriptors' blocks = the channels, as act_block
- * says), on FP32 and on bf16 storage: the channels-last results, turned
- * back on the host, are the plain call's bits where both run the same
- * kernels in the same order, else within the tolerance said; and the
- * plain call is checked against the CPU's FP32 (the layouts could agree
- * and both be wrong).  Compiled, not run, until a GPU session runs it. */
+ * Each op of a chain (convolution, batch norm, pooling) on a bf16 handle of
+ * cuda:0 with train.deterministic (deterministic algorithms: two calls on
+ * the same operands give the same bits), called once on plain tensors and
+ * once on the same values laid out channels-last (the descriptors' blocks =
+ * the channels, as act_block says), on FP32 and on bf16 storage: the
+ * channels-last results, turned back on the host, are the plain call's
+ * bits where both run the same kernels in the same order, else within the
+ * tolerance said.  The convolution's plain call is also checked against
+ * the CPU's FP32 (the layouts could agree and both be wrong); batch norm's
+ * and pooling's plain calls are test_bn's, test_pool's and test_bf16_ops'.
+ * Compiled, not run, until a GPU session runs it. */
 
 /* Each of n (rows, cols) matrices of es-byte elements transposed. */
 static void cl_turn(const void *src, void *dst, size_t es, int64_t n, int64_t rows, int64_t cols)
@@ -2053,8 +2056,9 @@ static double cl_val(const void *h, bool io16, int64_t i)
     return io16 ? gp_ew_bf16_value(((const uint16_t *)h)[i]) : ((const float *)h)[i];
 }
 
-/* Random storage of n values: bf16 patterns or floats of bf16 values. */
-static void *cl_rand(int64_t n, bool io16)
+/* Random storage of n values: bf16 patterns, or floats (of bf16 values
+ * where round: the convolution's operands, exact in bf16). */
+static void *cl_rand(int64_t n, bool io16, bool round)
 {
     void *h = malloc((size_t)n * 4);
     for (int64_t i = 0; i < n; i++) {
@@ -2062,7 +2066,7 @@ static void *cl_rand(int64_t n, bool io16)
         if (io16)
             ((uint16_t *)h)[i] = gp_ew_bf16_bits(v);
         else
-            ((float *)h)[i] = bf16_round(v);
+            ((float *)h)[i] = round ? bf16_round(v) : v;
     }
     return h;
 }
@@ -2139,7 +2143,8 @@ static void cl_conv(gp_device *g, gp_device *cpu, bool io16)
               (long long)gp_dev_act_block(g, &d0, false), (long long)gp_dev_act_block(g, &d0, true));
     const int64_t nx = 3 * 16 * 90, ny = 3 * 24 * 90, nw = 24 * 16 * 9, px = 90;
     size_t es = io16 ? 2 : 4, bx = (size_t)nx * es, by = (size_t)ny * es;
-    void *hx = cl_rand(nx, io16), *hdy = cl_rand(ny, io16), *hxt = malloc(bx), *hdyt = malloc(by);
+    void *hx = cl_rand(nx, io16, true), *hdy = cl_rand(ny, io16, true), *hxt = malloc(bx),
+         *hdyt = malloc(by);
     float *hw = malloc((size_t)nw * 4), hb[24];
     for (int64_t i = 0; i < nw; i++) hw[i] = 0.3f * frand();
     for (int i = 0; i < 24; i++) hb[i] = 0.5f * frand();
@@ -2194,15 +2199,17 @@ static void cl_conv(gp_device *g, gp_device *cpu, bool io16)
     CHECK_OK(gp_dev_conv_bwd_data(cpu, &d0, cw, cdy, cdx));
     CHECK_OK(gp_dev_conv_bwd_weights(cpu, &d0, cx, cdy, cdw, cdb));
     float *ry = cl_cpu_get(cpu, cy, ny), *rdx = cl_cpu_get(cpu, cdx, nx);
-    float *rdw = cl_cpu_get(cpu, cdw, nw);
+    float *rdw = cl_cpu_get(cpu, cdw, nw), *rdb = cl_cpu_get(cpu, cdb, 24);
     snprintf(what, sizeof what, "conv forward, %s", st);
     cl_ref(what, hy[0], io16, ry, ny, 1.0 / 64);
     snprintf(what, sizeof what, "conv backward-data, %s", st);
     cl_ref(what, hdx[0], io16, rdx, nx, 1.0 / 64);
     snprintf(what, sizeof what, "conv backward-filter, %s", st);
     cl_ref(what, hdw[0], false, rdw, nw, 1.0 / 64);
+    snprintf(what, sizeof what, "conv bias gradient, %s", st); /* sums of the same dy */
+    cl_ref(what, hdb[0], false, rdb, 24, 1e-5);
     void *hs[] = {hx, hdy, hxt, hdyt, hw, hy[0], hy[1], hdx[0], hdx[1], hdw[0], hdw[1],
-                  hdb[0], hdb[1], ry, rdx, rdw};
+                  hdb[0], hdb[1], ry, rdx, rdw, rdb};
     for (size_t i = 0; i < sizeof hs / sizeof *hs; i++) free(hs[i]);
     gp_dev_free(cpu, cx, (size_t)nx * 4, GP_MEM_ACTIVATIONS);
     gp_dev_free(cpu, cdy, (size_t)ny * 4, GP_MEM_ACTIVATIONS);
@@ -2233,7 +2240,7 @@ static void cl_bn(gp_device *g, bool io16, int64_t s)
 {
     const int64_t N = 3, C = 40, n = N * C * s;
     size_t es = io16 ? 2 : 4, bytes = (size_t)n * es;
-    void *hx = cl_rand(n, io16), *ha = cl_rand(n, io16), *hdy = cl_rand(n, io16);
+    void *hx = cl_rand(n, io16, true), *ha = cl_rand(n, io16, true), *hdy = cl_rand(n, io16, true);
     void *t[3] = {malloc(bytes), malloc(bytes), malloc(bytes)};
     cl_turn(hx, t[0], es, N, C, s);
     cl_turn(ha, t[1], es, N, C, s);
@@ -2299,23 +2306,27 @@ static void cl_bn(gp_device *g, bool io16, int64_t s)
 }
 
 /* Pooling over 24 channels of 9x9: kind, window ker, stride, padding;
- * glob: the global average that ends a chain (y plain, plain_out).  On bf16
- * storage gpipe's kernels run both layouts (the bits); on FP32 plain runs
- * cuDNN's: a max's forward is exact, sums may round apart. */
+ * glob: the global average that ends a chain (y plain, plain_out; ker,
+ * stride and pad unused).  On bf16 storage gpipe's kernels run both
+ * layouts (the bits); on FP32 plain runs cuDNN's: a max's forward is
+ * exact, sums may round apart, and a max window's tie could route its
+ * gradient elsewhere (FP32 values unrounded: no ties in practice). */
 static void cl_pool(gp_device *g, bool io16, gp_pool_kind kind, int64_t ker, int64_t stride,
                     int64_t pad, bool glob)
 {
     const int64_t N = 2, C = 24, H = 9, W = 9;
-    gp_pool_desc d0 = {N, C, H, W, ker, ker, stride, stride, pad, pad,
-                       (H + 2 * pad - ker) / stride + 1, (W + 2 * pad - ker) / stride + 1, kind,
-                       0, false};
-    if (glob) d0 = (gp_pool_desc){N, C, H, W, H, W, 1, 1, 0, 0, 1, 1, GP_POOL_AVG, 0, false};
+    gp_pool_desc d0 = {N, C, H, W, H, W, 1, 1, 0, 0, 1, 1, GP_POOL_AVG, 0, false};
+    if (!glob)
+        d0 = (gp_pool_desc){N, C, H, W, ker, ker, stride, stride, pad, pad,
+                            (H + 2 * pad - ker) / stride + 1, (W + 2 * pad - ker) / stride + 1,
+                            kind, 0, false};
     gp_pool_desc d1 = d0;
     d1.blk = C;
     d1.plain_out = glob;
     const int64_t px = H * W, po = d0.oh * d0.ow, nx = N * C * px, ny = N * C * po;
     size_t es = io16 ? 2 : 4, bx = (size_t)nx * es, by = (size_t)ny * es;
-    void *hx = cl_rand(nx, io16), *hdy = cl_rand(ny, io16), *hxt = malloc(bx), *hdyt = malloc(by);
+    void *hx = cl_rand(nx, io16, false), *hdy = cl_rand(ny, io16, false), *hxt = malloc(bx),
+         *hdyt = malloc(by);
     cl_turn(hx, hxt, es, N, C, px);
     cl_turn(hdy, hdyt, es, N, C, po);
     if (glob) memcpy(hdyt, hdy, by); /* y and dy plain both ways */
@@ -2362,8 +2373,13 @@ static void cl_pool(gp_device *g, bool io16, gp_pool_kind kind, int64_t ker, int
     }
 }
 
-static void test_channels_last(gp_device *g, gp_device *cpu)
+static void test_channels_last(gp_device *cpu)
 {
+    gp_device_opts o = {.precision = GP_PRECISION_BF16, .deterministic = true};
+    gp_device *g = NULL;
+    CHECK_OK(gp_device_open("cuda:0", &o, &g));
+    if (!g) return;
+    gp_device_bind_thread(g);
     for (int io16 = 0; io16 < 2; io16++) {
         cl_conv(g, cpu, io16);
         cl_bn(g, io16, 81); /* 9x9: the plane kernels */
@@ -2382,6 +2398,7 @@ static void test_channels_last(gp_device *g, gp_device *cpu)
               "batch norm in nChw16c on a GPU: %s (%s)", gp_status_name(s), gp_last_error());
     gp_error_clear();
     gp_dev_free(g, p, (size_t)(2 * n + 64) * 4, GP_MEM_ACTIVATIONS);
+    gp_device_close(g);
 }
 
 static void test_bf16_ops(gp_device *cpu, const char *graph)
@@ -3310,10 +3327,10 @@ static void test_bf16_ops(gp_device *cpu, const char *graph)
     if (graph)
         CHECK_MSG(plans >= 1, "bf16 with the graph API forced: %llu plans kept",
                   (unsigned long long)plans);
-    test_channels_last(g, cpu);
     D2[0] = keep[0];
     D2[1] = keep[1];
     gp_device_close(g);
+    if (!graph) test_channels_last(cpu); /* (on a handle of its own) */
 }
 
 /* Precision bf16 in training (the tolerance test_train uses for the CPU's

@@ -947,7 +947,7 @@ static gp_status bn_params(gp_cuda_ctx *ctx, const gp_bn_desc *d, float *vecs,
  * H100, forward 0.27 ms and backward 0.40 ms where cuDNN's NCHW kernels
  * took 0.51 and 1.23), narrower ones cuDNN's (a 1-D batch norm; at 7x7 a
  * warp per plane of 49 values was 20-40% slower than cuDNN).  *part: 2 n c
- * doubles of workspace, then *vec: 3 c floats. */
+ * doubles of workspace, then *vec: 5 c floats. */
 static bool bn_planes(gp_device *dev, const gp_bn_desc *d, double **part, float **vec,
                       gp_status *st)
 {
@@ -956,7 +956,8 @@ static bool bn_planes(gp_device *dev, const gp_bn_desc *d, double **part, float 
         return false;
     size_t pb = 2 * (size_t)(d->n * d->c) * sizeof(double);
     void *ws;
-    *st = gp_cuda_ws_reserve(dev, pb + 3 * (size_t)d->c * sizeof(float), &ws);
+    /* (5 c: channels-last backward's relu mask keeps its scale and shift) */
+    *st = gp_cuda_ws_reserve(dev, pb + 5 * (size_t)d->c * sizeof(float), &ws);
     *part = ws;
     *vec = (float *)((char *)ws + pb);
     return true;

@@ -1580,22 +1580,19 @@ __global__ void __launch_bounds__(CL_CH * 32)
     }
 }
 
-/* k_bnp_bwd_apply's expression over all n values of channels-last maps. */
+/* k_bnp_bwd_apply's expression over all n values of channels-last maps;
+ * with relu the forward's scale and shift are vec[3 C + c], vec[4 C + c]
+ * (k_bn_vec's, bn_scale_shift's bits), made once, not per element. */
 template <typename T>
 __global__ void k_bnp_bwd_apply_cl(const T *x, const float *mean, const T *dy, const float *vec,
-                                   int64_t C, int64_t n, const float *gamma, const float *beta,
-                                   const float *var, float eps, int relu, T *dx)
+                                   int64_t C, int64_t n, int relu, T *dx)
 {
     GP_CUK_LOOP(i, n)
     {
         int64_t c = i % C;
         const float m = mean[c], xv = ld(x[i]);
         float gv = ld(dy[i]);
-        if (relu) {
-            float sc, sh;
-            bn_scale_shift(gamma, beta, var, eps, c, &sc, &sh);
-            if (!(bn_pre(xv, m, sc, sh) > 0.0f)) gv = 0.0f;
-        }
+        if (relu && !(bn_pre(xv, m, vec[3 * C + c], vec[4 * C + c]) > 0.0f)) gv = 0.0f;
         st(&dx[i], gp_ew_bn_bwd_apply(gv, xv, m, vec[c], vec[C + c], vec[2 * C + c]));
     }
 }
@@ -1630,19 +1627,23 @@ __global__ void k_transpose(const S *src, D *dst, int64_t rows, int64_t cols, in
     __shared__ float tile[32][33];
     const S *sp = src + (int64_t)blockIdx.z * rows * cols;
     D *dp = dst + (int64_t)blockIdx.z * rows * cols;
-    int64_t r0 = (int64_t)blockIdx.y * 32, c0 = (int64_t)blockIdx.x * 32;
-    for (unsigned k = threadIdx.y; k < 32; k += blockDim.y) {
-        int64_t r = r0 + k, c = c0 + threadIdx.x;
-        if (r < rows && c < cols) tile[k][threadIdx.x] = ld(sp[r * cols + c]);
-    }
-    __syncthreads();
-    for (unsigned k = threadIdx.y; k < 32; k += blockDim.y) {
-        int64_t c = c0 + k, r = r0 + threadIdx.x; /* dst is (cols, rows) */
-        if (r < rows && c < cols) {
-            float v = tile[threadIdx.x][k];
-            D *o = &dp[c * rows + r];
-            st(o, add ? ld(*o) + v : v);
+    int64_t c0 = (int64_t)blockIdx.x * 32;
+    /* the row tiles in steps of gridDim.y: a map of any height */
+    for (int64_t r0 = (int64_t)blockIdx.y * 32; r0 < rows; r0 += (int64_t)gridDim.y * 32) {
+        for (unsigned k = threadIdx.y; k < 32; k += blockDim.y) {
+            int64_t r = r0 + k, c = c0 + threadIdx.x;
+            if (r < rows && c < cols) tile[k][threadIdx.x] = ld(sp[r * cols + c]);
         }
+        __syncthreads();
+        for (unsigned k = threadIdx.y; k < 32; k += blockDim.y) {
+            int64_t c = c0 + k, r = r0 + threadIdx.x; /* dst is (cols, rows) */
+            if (r < rows && c < cols) {
+                float v = tile[threadIdx.x][k];
+                D *o = &dp[c * rows + r];
+                st(o, add ? ld(*o) + v : v);
+            }
+        }
+        __syncthreads(); /* the tile read before the next rows overwrite it */
     }
 }
 
@@ -1652,7 +1653,8 @@ cudaError_t transpose(cudaStream_t s, D *dst, const S *src, int64_t batches, int
 {
     int64_t gx = (cols + 31) / 32, gy = (rows + 31) / 32;
     if (batches <= 0 || rows <= 0 || cols <= 0) return cudaSuccess;
-    if (gx > INT_MAX || gy > 65535 || batches > 65535) return cudaErrorInvalidValue;
+    if (gx > INT_MAX || batches > 65535) return cudaErrorInvalidValue;
+    if (gy > 65535) gy = 65535; /* (k_transpose steps over the rest) */
     k_transpose<S, D><<<dim3((unsigned)gx, (unsigned)gy, (unsigned)batches), dim3(32, 8), 0, s>>>(
         src, dst, rows, cols, add);
     return cudaGetLastError();
@@ -2235,9 +2237,11 @@ cudaError_t bnp_bwd(cudaStream_t s, const T *x, const float *mean, const float *
             x, mean, dy, planes, c, sp, gamma, beta, var, eps, relu, part);
     k_bnp_bwd_final<<<(unsigned)c, GP_CUK_THREADS, 0, s>>>(part, n, c, sp, var, eps, gamma, sums,
                                                           dx ? vec : NULL, dgamma, dbeta);
+    if (dx && cl && relu) /* the forward's scale and shift after the coefficients */
+        k_bn_vec<<<blocks_for(c), GP_CUK_THREADS, 0, s>>>(gamma, beta, var, eps, c, vec + 3 * c);
     if (dx && cl)
         k_bnp_bwd_apply_cl<T><<<blocks_for(planes * sp), GP_CUK_THREADS, 0, s>>>(
-            x, mean, dy, vec, c, planes * sp, gamma, beta, var, eps, relu, dx);
+            x, mean, dy, vec, c, planes * sp, relu, dx);
     else if (dx)
         k_bnp_bwd_apply<T><<<(unsigned)planes, plane_threads(sp), 0, s>>>(
             x, mean, dy, vec, c, sp, gamma, beta, var, eps, relu, dx);

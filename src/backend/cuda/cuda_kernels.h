@@ -378,7 +378,8 @@ cudaError_t gp_cuk_bn_invstd(cudaStream_t s, const float *var, float eps, float 
  * sums(2 c) = (sum dy, sum dy (x - mean)) where not NULL, and with dx its
  * dx = and dgamma +=, dbeta += where not NULL (vec: 3 c floats); with relu
  * dy is first masked where the forward's value (before its relu) was not
- * positive (var, gamma, beta say where; gamma / beta NULL: 1 / 0).  On an
+ * positive (var, gamma, beta say where; gamma / beta NULL: 1 / 0);
+ * channels-last (cl) with dx and relu, vec holds 5 c floats.  On an
  * H100 cuDNN's NCHW batch-norm kernels moved about 1.3 TB/s. */
 cudaError_t gp_cuk_bnp_fwd(cudaStream_t s, const float *x, int64_t n, int64_t c, int64_t sp,
                            float eps, const float *gamma, const float *beta, int relu,
