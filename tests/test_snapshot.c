@@ -379,6 +379,40 @@ static void test_round_trip(void)
     CHECK_OK(gp_st_serialize(&w2, &img2, &n2));
     CHECK(n == n2 && !memcmp(img, img2, n));
 
+    /* A build that a load follows (model.init_from, --resume) draws
+     * nothing: the drawn weights are zeros, a norm's constant scale is
+     * made, and the load gives the very state a drawn model gets. */
+    gp_model d;
+    gp_model_build_loads(true);
+    CHECK_OK(gp_model_build(&c1, dev, &d));
+    gp_model_build_loads(false);
+    float wz[8 * 4 * 9], g1[4];
+    CHECK(d.layers[0].params[0].value.dims[0] == 4 && a.layers[7].n_params >= 1);
+    CHECK_OK(gp_dev_download(dev, wz, gp_f32(&d.layers[0].params[0].value), 4 * 3 * 9));
+    CHECK_OK(gp_dev_download(dev, g1, gp_f32(&d.layers[1].params[0].value), 4));
+    CHECK_OK(gp_dev_synchronize(dev));
+    int nonzero = 0;
+    for (int i = 0; i < 4 * 3 * 9; i++) nonzero += wz[i] != 0.0f;
+    CHECK_MSG(nonzero == 0, "a build that a load follows drew %d of 108 conv weights", nonzero);
+    CHECK_MSG(g1[0] == 1.0f && g1[3] == 1.0f, "batch norm's scale %g, not its constant 1", g1[0]);
+    CHECK_OK(gp_dev_download(dev, wz, gp_f32(&c.layers[0].params[0].value), 4 * 3 * 9));
+    CHECK_OK(gp_dev_synchronize(dev));
+    nonzero = 0;
+    for (int i = 0; i < 4 * 3 * 9; i++) nonzero += wz[i] != 0.0f;
+    CHECK_MSG(nonzero > 100, "a plain build drew only %d of 108 conv weights", nonzero);
+    CHECK_OK(gp_snapshot_apply(&d, &f, true));
+    d.step = a.step;
+    gp_st_writer w5 = {0};
+    CHECK_OK(gp_snapshot_collect(&d, &c1, &pos, &w5));
+    uint8_t *img5;
+    size_t n5;
+    CHECK_OK(gp_st_serialize(&w5, &img5, &n5));
+    CHECK_MSG(n == n5 && !memcmp(img, img5, n), "an undrawn model loaded is not the drawn one's "
+              "state");
+    free(img5);
+    gp_st_writer_free(&w5);
+    gp_model_free(&d);
+
     /* a different model: refused with the names, and left untouched */
     gp_st_writer w3 = {0};
     CHECK_OK(gp_snapshot_collect(&c, &c3, NULL, &w3));

@@ -415,14 +415,25 @@ void gp_layers_child_view(const gp_layer *parent, gp_layer *child, int first)
     }
 }
 
+static _Thread_local bool no_draw; /* gp_layers_draw_init(false) */
+
+bool gp_layers_draw_init(bool draw)
+{
+    bool was = !no_draw;
+    no_draw = !draw;
+    return was;
+}
+
 /* params[p] from the counter-based RNG on the host: uniform(-scale, scale)
  * or normal(0, scale), drawn from (seed, stream(index, param_base + p,
- * "init")) and uploaded, so the values do not depend on placement. */
+ * "init")) and uploaded, so the values do not depend on placement; zeros
+ * where this thread's layers draw nothing (gp_layers_draw_init). */
 static gp_status init_random(gp_layer *l, int p, uint64_t seed, float scale, bool normal)
 {
     if (l->meta) return GP_OK;
     gp_tensor *t = &l->params[p].value;
     int64_t n = gp_tensor_numel(t);
+    if (no_draw) return gp_dev_fill(l->dev, gp_f32(t), 0.0f, n);
     float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof *h);
     if (!h) return gp_error_set(GP_ERR_OOM, "out of host memory initialising %lld parameters",
                                 (long long)n);

@@ -222,7 +222,10 @@ static gp_status run_prepare(gp_run *r)
     GP_TRY(same_process(r, "gp_run_prepare"));
     if (r->prepared) return GP_OK;
     say_many_processes();
-    GP_TRY(gp_train_open(&r->cfg, r->devs, r->model, true));
+    gp_model_build_loads(r->cfg.model.init_from[0] != 0); /* loaded below: no draws */
+    gp_status os = gp_train_open(&r->cfg, r->devs, r->model, true);
+    gp_model_build_loads(false);
+    GP_TRY(os);
     r->n_dev = gp_pipeline_devices_total(&r->cfg.pipeline);
     r->prepared = true;
     r->prepared_by = getpid();

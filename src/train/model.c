@@ -46,6 +46,10 @@ static _Thread_local const _Atomic int *build_stop;
 
 void gp_model_build_stop(const _Atomic int *stop) { build_stop = stop; }
 
+static _Thread_local bool build_loads;
+
+void gp_model_build_loads(bool loads) { build_loads = loads; }
+
 int64_t gp_model_config_classes(const gp_model_config *mc)
 {
     const gp_layer_spec *last = mc->n_layers > 0 ? &mc->layers[mc->n_layers - 1] : NULL;
@@ -75,9 +79,22 @@ static gp_status loss_takes_output(const gp_config *cfg, const gp_shape *out)
                         cfg->model.loss_at[0] ? "" : " (model.loss's default)");
 }
 
+static gp_status place_layers(const gp_config *cfg, gp_device *const *devs, int n, int v,
+                              const int *balance, bool meta, gp_model *out);
+
 /* n devices, v stages on each (stage j on device j % n); meta: every layer
- * shapes only (gp_layer_meta), devs may be NULL. */
+ * shapes only (gp_layer_meta), devs may be NULL.  No random draws where
+ * a load follows (gp_model_build_loads). */
 static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int n, int v,
+                              const int *balance, bool meta, gp_model *out)
+{
+    bool was = gp_layers_draw_init(!build_loads);
+    gp_status s = place_layers(cfg, devs, n, v, balance, meta, out);
+    gp_layers_draw_init(was);
+    return s;
+}
+
+static gp_status place_layers(const gp_config *cfg, gp_device *const *devs, int n, int v,
                               const int *balance, bool meta, gp_model *out)
 {
     memset(out, 0, sizeof *out);

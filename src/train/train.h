@@ -113,6 +113,11 @@ gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, in
  * initialisation too (GP_ERR_STOPPED); NULL: none.  The trainer sets its
  * gp_train_opts.stop around gp_train_open. */
 void gp_model_build_stop(const _Atomic int *stop);
+/* Whether the builds on this thread are followed by a load of every
+ * parameter (model.init_from, --resume, a snapshot's export): their layers
+ * then skip the random draws the load would replace (gp_layers_draw_init).
+ * The trainer sets it around gp_train_open; false: draw (the default). */
+void gp_model_build_loads(bool loads);
 /* The same placement with every layer shapes only (gp_layer_meta: no
  * device, nothing allocated; layers[k].dev is NULL): what --dry-run
  * describes, whatever the size of the model or the devices it names. */

@@ -1263,7 +1263,10 @@ static gp_status run_load_data(train_run *r)
 static gp_status run_place_model(train_run *r)
 {
     gp_model_build_stop(r->opts->stop); /* a signal stops the initialisation too */
+    /* every parameter loaded next (gp_snapshot_prepare): no random draws */
+    gp_model_build_loads(r->opts->resume_path || r->cfg->model.init_from[0]);
     gp_status s = gp_train_open(r->cfg, r->dev.devs, r->mp, r->opts->quiet);
+    gp_model_build_loads(false);
     gp_model_build_stop(NULL);
     if (s == GP_ERR_STOPPED) r->res->stop_signal = stop_asked(r->opts);
     if (s == GP_OK) r->dev.n = gp_pipeline_devices_total(&r->cfg->pipeline);
@@ -2052,7 +2055,9 @@ gp_status gp_train_convert(const gp_config *cfg, const gp_train_opts *opts)
     gp_device_opts dopts = {.threads = 0};
     GP_TRY(gp_device_open("cpu:0", &dopts, &dev));
     gp_model m = {0};
+    gp_model_build_loads(true); /* the snapshot's weights replace every one */
     gp_status s = gp_model_build(cfg, dev, &m);
+    gp_model_build_loads(false);
     gp_snapshot_pos pos = {0};
     gp_wmodel wv = gp_model_weights(&m);
     if (s == GP_OK) s = gp_gpt_export_check(&wv, (gp_weights_format)o.export_format, false);
