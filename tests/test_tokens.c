@@ -318,6 +318,84 @@ static void test_files_and_config(void)
     CHECK_ERR(gp_tokens_files(d, t, v), GP_ERR_IO, "2 train splits");
 }
 
+/* data.dataset: synthetic for a model that reads token ids: windows of
+ * T + 1 ids below min(vocab, 256) that follow a fixed permutation nine
+ * times in ten (counted against a bound a random stream would miss),
+ * the same for the same seed, another for another seed or the test split;
+ * through the config for a model whose first layer is an embedding, and
+ * images still for one whose is not. */
+static void test_synthetic(void)
+{
+    const int64_t T = 16, n = 200;
+    gp_dataset a = {0}, b = {0}, c = {0}, v = {0};
+    CHECK_OK(gp_synthetic_tokens(n, T, 50257, 5, 0, &a));
+    CHECK_OK(gp_synthetic_tokens(n, T, 50257, 5, 0, &b));
+    CHECK_OK(gp_synthetic_tokens(n, T, 50257, 6, 0, &c));
+    CHECK_OK(gp_synthetic_tokens(n, T, 50257, 5, (int64_t)1 << 40, &v));
+    CHECK(a.tokens && a.n == n && a.c == T && a.h == 1 && a.w == 1 && a.n_tokens == n * (T + 1));
+    CHECK(a.classes == 256 && !a.images && !a.labels);
+    CHECK(!memcmp(a.tokens, b.tokens, sizeof *a.tokens * (size_t)a.n_tokens));
+    CHECK(memcmp(a.tokens, c.tokens, sizeof *a.tokens * (size_t)a.n_tokens) != 0);
+    CHECK(memcmp(a.tokens, v.tokens, sizeof *a.tokens * (size_t)a.n_tokens) != 0);
+    /* the successor table, read back as each id's most frequent follower */
+    static int64_t pair[256][256];
+    memset(pair, 0, sizeof pair);
+    bool below = true;
+    for (int64_t w = 0; w < n; w++)
+        for (int64_t p = 0; p <= T; p++) {
+            uint32_t id = a.tokens[w * (T + 1) + p];
+            below &= id < 256;
+            if (p > 0 && below) pair[a.tokens[w * (T + 1) + p - 1]][id]++;
+        }
+    CHECK_MSG(below, "a synthetic token id at or past 256");
+    int64_t follow = 0, all = 0;
+    for (int i = 0; i < 256; i++) {
+        int64_t best = 0;
+        for (int j = 0; j < 256; j++) {
+            best = pair[i][j] > best ? pair[i][j] : best;
+            all += pair[i][j];
+        }
+        follow += best;
+    }
+    CHECK_MSG(follow * 10 > all * 8 && follow * 100 < all * 96,
+              "%lld of %lld ids follow their id's usual successor: not about 9 in 10",
+              (long long)follow, (long long)all);
+    /* a small vocabulary: every id below it */
+    gp_dataset s = {0};
+    CHECK_OK(gp_synthetic_tokens(4, 8, 20, 1, 0, &s));
+    CHECK(s.classes == 20);
+    bool small = true;
+    for (int64_t i = 0; i < s.n_tokens; i++) small &= s.tokens[i] < 20;
+    CHECK(small);
+    CHECK_ERR(gp_synthetic_tokens(0, 8, 20, 1, 0, &s), GP_ERR_INVALID, "synthetic tokens");
+    gp_dataset *all4[] = {&a, &b, &c, &v, &s};
+    for (int i = 0; i < 5; i++) gp_dataset_free(all4[i]);
+
+    /* the config: an embedding first makes token windows of model.input */
+    const char *lm = "model: {input: [12], layers: [{embedding: {vocab: 100, dim: 8, "
+                     "positions: 12}}, {linear: {out: 100}}]}\n"
+                     "data: {dataset: synthetic, synthetic: {train: 30, test: 10}}\n";
+    gp_config cfg;
+    CHECK_OK(gp_config_parse("lm.yaml", lm, strlen(lm), NULL, 0, &cfg));
+    CHECK(cfg.data.token_vocab == 100);
+    gp_dataset tr = {0}, te = {0};
+    CHECK_OK(gp_dataset_load(&cfg.data, true, 3, &tr));
+    CHECK_OK(gp_dataset_load(&cfg.data, false, 3, &te));
+    CHECK(tr.tokens && tr.n == 30 && tr.c == 12 && te.tokens && te.n == 10);
+    CHECK(strstr(tr.source, "synthetic tokens") != NULL);
+    gp_dataset_free(&tr);
+    gp_dataset_free(&te);
+    gp_config_free(&cfg);
+    const char *im = "model: {input: [1, 8, 8], layers: [flatten, {linear: {out: 10}}]}\n"
+                     "data: {dataset: synthetic, synthetic: {train: 30, test: 10}}\n";
+    CHECK_OK(gp_config_parse("im.yaml", im, strlen(im), NULL, 0, &cfg));
+    CHECK(cfg.data.token_vocab == 0);
+    CHECK_OK(gp_dataset_load(&cfg.data, true, 3, &tr));
+    CHECK(!tr.tokens && tr.images && tr.n == 30);
+    gp_dataset_free(&tr);
+    gp_config_free(&cfg);
+}
+
 int main(void)
 {
     if (!gpt_make_tmpdir(tmpdir, sizeof tmpdir, "gp_test_tokens_")) return 1;
@@ -326,6 +404,7 @@ int main(void)
     test_loader();
     test_errors();
     test_files_and_config();
+    test_synthetic();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

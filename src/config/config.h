@@ -153,6 +153,11 @@ typedef struct gp_data_config {
     int resize;               /* evaluation: shorter side before the centre
                                  crop; 0 = crop x 256 / 224 */
     int64_t image_shape[3];   /* model.input: (3, crop height, crop width) */
+    int64_t token_vocab;      /* the model reads token ids (its first layer an
+                                 embedding): its vocabulary (the valid rows
+                                 of a padded one), and synthetic data are
+                                 token windows of model.input[0] + 1 ids;
+                                 0 otherwise */
 } gp_data_config;
 
 typedef struct gp_optim_config {

@@ -248,6 +248,10 @@ gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model
     w->record = rec;
     GP_TRY(s);
     memcpy(dc->image_shape, mc->input, sizeof dc->image_shape);
+    const gp_layer_spec *first = mc->n_layers > 0 ? &mc->layers[0] : NULL;
+    dc->token_vocab = first && first->type == GP_LAYER_EMBEDDING
+                          ? (first->valid_rows > 0 ? first->valid_rows : first->vocab)
+                          : 0;
     /* the synthetic samples match the model unless told otherwise */
     const gp_ynode *shape = gp_ymap_get(syn, "shape");
     if (gp_cfg_absent(shape)) {

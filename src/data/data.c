@@ -459,6 +459,65 @@ gp_status gp_synthetic_make(int64_t n, int classes, int64_t c, int64_t h, int64_
     return synthetic_fill(n, classes, c, h, w, seed, 0, ds);
 }
 
+#define SYN_TOKEN_TAG 0x746f6b6eu /* "tokn" */
+#define SYN_TOKEN_FOLLOW 0.9f
+
+gp_status gp_synthetic_tokens(int64_t n, int64_t t, int64_t vocab, uint64_t seed, int64_t first,
+                              gp_dataset *ds)
+{
+    int64_t k = vocab < GP_SYNTHETIC_TOKEN_IDS ? vocab : GP_SYNTHETIC_TOKEN_IDS;
+    if (n < 1 || t < 1 || k < 1 || n > GP_DATA_MAX_BYTES / 4 / (t + 1))
+        return gp_error_set(GP_ERR_INVALID,
+                            "synthetic tokens: %lld windows of %lld + 1 ids of a vocabulary of "
+                            "%lld are out of range (at least 1 each, at most %lld bytes)",
+                            (long long)n, (long long)t, (long long)vocab,
+                            (long long)GP_DATA_MAX_BYTES);
+    int64_t total = n * (t + 1);
+    uint32_t *tok = malloc(sizeof *tok * (size_t)total), next[GP_SYNTHETIC_TOKEN_IDS];
+    float *u = malloc(sizeof *u * (size_t)(2 * (t + 1)));
+    if (!tok || !u) {
+        free(tok);
+        free(u);
+        return gp_error_set(GP_ERR_OOM, "synthetic tokens: cannot allocate %lld bytes",
+                            (long long)(total * 4));
+    }
+    /* the successor of each id: a permutation (Fisher-Yates) from the seed */
+    for (int64_t i = 0; i < k; i++) next[i] = (uint32_t)i;
+    uint64_t perm = gp_rng_stream(0, SYN_TOKEN_TAG, 1);
+    for (int64_t i = k - 1; i > 0; i--) {
+        int64_t j = (int64_t)(gp_rng_uniform(seed, perm, (uint64_t)i) * (float)(i + 1));
+        if (j > i) j = i;
+        uint32_t x = next[i];
+        next[i] = next[j];
+        next[j] = x;
+    }
+    for (int64_t w = 0; w < n; w++) {
+        /* per position: a coin (follow or not) and a random id */
+        gp_rng_uniform_fill(seed, gp_rng_stream((uint64_t)(first + w), SYN_TOKEN_TAG, 0), 0, u,
+                            2 * (t + 1));
+        uint32_t *o = tok + w * (t + 1);
+        for (int64_t p = 0; p <= t; p++) {
+            int64_t r = (int64_t)(u[2 * p + 1] * (float)k);
+            uint32_t any = (uint32_t)(r < k ? r : k - 1);
+            o[p] = p > 0 && u[2 * p] < SYN_TOKEN_FOLLOW ? next[o[p - 1]] : any;
+        }
+    }
+    free(u);
+    gp_dataset_free(ds);
+    ds->tokens = tok;
+    ds->n_tokens = total;
+    ds->token_bytes = 4;
+    ds->n = n;
+    ds->c = t;
+    ds->h = ds->w = 1;
+    ds->classes = (int)k;
+    snprintf(ds->source, sizeof ds->source,
+             "synthetic tokens (seed %llu, ids 0..%lld, windows %lld..%lld of %lld + 1)",
+             (unsigned long long)seed, (long long)(k - 1), (long long)first,
+             (long long)(first + n - 1), (long long)t);
+    return GP_OK;
+}
+
 /* The masks of the segmentation variant.  Over a 3 x 3 window the target
  * depends on more than one pixel, so a net must look at neighbours (as
  * the prototypes' 4 x 4 blocks do), yet it stays an exact function of the
@@ -744,6 +803,11 @@ gp_status gp_dataset_load(const gp_data_config *cfg, bool train_split, uint64_t 
         if (n <= 0) n = train_split ? 1024 : 256;
         bool limited = limit > 0 && limit < n;
         if (limited) n = limit;
+        if (cfg->token_vocab > 0) { /* a language model's: token windows */
+            s = gp_synthetic_tokens(n, cfg->image_shape[0], cfg->token_vocab, seed,
+                                    train_split ? 0 : SYN_TEST_FIRST, &ds);
+            break;
+        }
         int classes = cfg->synthetic_classes > 0 ? cfg->synthetic_classes : 10;
         const int64_t *sh = cfg->synthetic_shape;
         bool given = sh[0] > 0 || sh[1] > 0 || sh[2] > 0;

@@ -104,6 +104,17 @@ gp_status gp_tokens_read(const char *path, int64_t seq_len, gp_dataset *ds);
 gp_status gp_tokens_files(const char *path, char train[1024], char val[1024]);
 gp_status gp_synthetic_make(int64_t n, int classes, int64_t c, int64_t h,
                             int64_t w, uint64_t seed, gp_dataset *ds);
+/* Synthetic data for a model that reads token ids (gp_data_config.
+ * token_vocab): n windows of t + 1 ids, as data.dataset: tokens cuts its
+ * file (ds->tokens), the ids below min(vocab, GP_SYNTHETIC_TOKEN_IDS).  A
+ * learnable language: each id is followed by its successor in a fixed
+ * random permutation of them, nine times in ten, else by a random id, so
+ * a model that learns the bigrams gets the loss down from log(ids) (5.5
+ * nats for 256) towards the set's entropy (0.88 nats for 256).  Window `first + i` draws from streams keyed by its
+ * index, as synthetic_fill's samples do. */
+gp_status gp_synthetic_tokens(int64_t n, int64_t t, int64_t vocab, uint64_t seed, int64_t first,
+                              gp_dataset *ds);
+#define GP_SYNTHETIC_TOKEN_IDS 256
 /* Segmentation targets made from the images (data.synthetic.masks): pixel
  * (y, x) of sample i is 1 where the mean of its 3 x 3 neighbourhood over
  * all channels (the part inside the image) is above half the pixel range,

@@ -260,6 +260,12 @@ static gp_status check_targets(const gp_config *cfg, const gp_dataset *ds,
                             cfg->path, (long long)ds->c, (long long)ds->c, gp_loss_name(loss),
                             b, (long long)targets);
     }
+    if (loss == GP_LOSS_CROSS_ENTROPY && out.ndim == 3) /* (read past the labels otherwise) */
+        return gp_error_set(GP_ERR_INVALID, "%s: the model's output %s is a class per position "
+                            "(a language model's next tokens), but %s has one class id per "
+                            "sample; give it token data: data.dataset: tokens, or synthetic, "
+                            "which makes token windows for a model whose first layer is an "
+                            "embedding", cfg->path, b, ds->source);
     if (loss == GP_LOSS_CROSS_ENTROPY) {
         if (out.ndim != 2 || out.dims[1] >= ds->classes) return GP_OK;
         const gp_model_config *mc = &cfg->model;
