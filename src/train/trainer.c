@@ -1265,12 +1265,24 @@ static gp_status run_load_data(train_run *r)
     return s;
 }
 
+/* Models from this many parameters say that they are being built. */
+#define GP_BUILD_SAY_PARAMS ((int64_t)100 * 1000 * 1000)
+
 /* Balanced, the devices opened and the model built on them. */
 static gp_status run_place_model(train_run *r)
 {
     gp_model_build_stop(r->opts->stop); /* a signal stops the initialisation too */
     /* every parameter loaded next (gp_snapshot_prepare): no random draws */
-    gp_model_build_loads(r->opts->resume_path || r->cfg->model.init_from[0]);
+    bool loads = r->opts->resume_path || r->cfg->model.init_from[0];
+    gp_model_build_loads(loads);
+    /* a large model's build takes a while (a 1.2B one ~40 s of draws on 2
+     * cores): said before it, not only after */
+    int64_t params = 0;
+    gp_shape out;
+    if (!r->opts->quiet && gp_model_describe(r->cfg, &params, &out) == GP_OK &&
+        params >= GP_BUILD_SAY_PARAMS)
+        GP_INFO("building the model: %lld parameters, %s", (long long)params,
+                loads ? "loaded next (no random draws)" : "drawing their initial values");
     gp_status s = gp_train_open(r->cfg, r->dev.devs, r->mp, r->opts->quiet);
     gp_model_build_loads(false);
     gp_model_build_stop(NULL);
