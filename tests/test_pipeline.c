@@ -1445,6 +1445,91 @@ static void residual_chains(bool nhwc)
     }
 }
 
+/* Chains through residual blocks as one layer each (`residual`,
+ * torchvision's BasicBlock: residual.c), which a chain treats as a
+ * convolution that reads one block and writes one, its children running
+ * in them: stem conv, bn, relu, an identity block on C, a downsampling one
+ * C -> D, an identity one on D, then the global pool (pool_end) or a
+ * flatten (the last block's chain has nowhere to go: it and its identity
+ * shortcut go plain, and the downsampling block before it writes plain).
+ * Every cut of two stages gives the bits of a device whose maps are all
+ * plain; one device's plan is checked (nChw16c / nChw8c; with nhwc
+ * channels-last on C = 24 and D = 40). */
+static void composite_chains(bool nhwc, bool pool_end)
+{
+    gp_device *saved[4], *own[4] = {NULL, NULL, NULL, NULL}, *flat = NULL;
+    setenv("GPIPE_CPU_KEEP_BLOCKS", "0", 1);
+    gpt_open_cpu_devices(&flat, 1, 1);
+    if (nhwc) {
+        setenv("GPIPE_CPU_KEEP_BLOCKS", "nhwc", 1);
+        gpt_open_cpu_devices(own, 4, 1);
+        memcpy(saved, devs, sizeof saved);
+        memcpy(devs, own, sizeof devs);
+    }
+    unsetenv("GPIPE_CPU_KEEP_BLOCKS");
+    const int64_t C = nhwc ? 24 : 16, D = nhwc ? 40 : 16;
+    gp_layer_spec bs[10];
+    gp_config c = gpt_model_cfg(bs, true, false, BATCH);
+    int n = 0;
+    bs[n++] = rc_spec(GP_LAYER_CONV2D, C, 3, 0, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_BATCHNORM, 0, 0, 0, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_RELU, 0, 0, 0, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_RESIDUAL, C, 0, 1, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_RESIDUAL, D, 0, 2, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_RESIDUAL, D, 0, 1, NULL, NULL);
+    if (pool_end) bs[n++] = rc_spec(GP_LAYER_GLOBAL_AVGPOOL, 0, 0, 0, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_FLATTEN, 0, 0, 0, NULL, NULL);
+    bs[n++] = rc_spec(GP_LAYER_LINEAR, 5, 0, 0, NULL, NULL);
+    c.model.layers = bs;
+    c.model.n_layers = n;
+    c.model.input[0] = 2, c.model.input[1] = 8, c.model.input[2] = 8;
+    int differ = 0, runs = 0;
+    for (int cut = 1; cut < n && flat; cut++) {
+        int bal[2] = {cut, n - cut};
+        c.pipeline.chunks = 3;
+        c.pipeline.checkpoint = (gp_checkpoint_mode)(cut % 3);
+        gp_model ref, pip, plan;
+        bool same[3];
+        if (!chains_run(&c, flat, 2, bal, &plan, &ref, &pip, same)) break;
+        runs++;
+        if (!(same[0] && same[1] && same[2])) {
+            differ++;
+            CHECK_MSG(0, "composite residual chains%s%s, balance [%d, %d] ckpt=%s: loss %s, "
+                      "grads %s, params %s", nhwc ? " (nhwc)" : "", pool_end ? "" : " (flatten)",
+                      bal[0], bal[1], gp_checkpoint_mode_name(c.pipeline.checkpoint),
+                      same[0] ? "same" : "DIFFER", same[1] ? "same" : "DIFFER",
+                      same[2] ? "same" : "DIFFER");
+        }
+        /* one device: blocked from the stem's output to the pool's input;
+         * ending in flatten, the last block and the downsampling one's
+         * output plain */
+        int64_t B = plan.layers[0].out_blk;
+        CHECK_MSG(nhwc ? B == C : B == 8 || B == 16, "stem conv output block %lld", (long long)B);
+        for (int k = 0; k < 6; k++) {
+            const gp_layer *l = &plan.layers[k];
+            bool on_out = pool_end || k < 4, on_in = k >= 1 && (pool_end || k < 5);
+            int64_t want = on_out ? (nhwc ? l->out_shape.dims[1] : B) : 0;
+            int64_t want_in = on_in ? (nhwc ? l->in_shape.dims[1] : B) : 0;
+            CHECK_MSG(l->out_blk == want && l->in_blk == want_in,
+                      "one device%s: layer %d blocks in %lld out %lld, want %lld %lld",
+                      pool_end ? "" : " (flatten)", k, (long long)l->in_blk,
+                      (long long)l->out_blk, (long long)want_in, (long long)want);
+        }
+        CHECK(pip.layers[cut - 1].out_blk == 0 && pip.layers[cut].in_blk == 0);
+        gp_model_free(&ref);
+        gp_model_free(&pip);
+        gp_model_free(&plan);
+    }
+    printf("test_pipeline: composite residual chains%s%s: %d of %d configurations differ\n",
+           nhwc ? ", channels-last" : "", pool_end ? "" : ", ending in flatten", differ, runs);
+    CHECK(runs == n - 1);
+    gp_device_close(flat);
+    if (nhwc) {
+        memcpy(devs, saved, sizeof devs);
+        for (int j = 0; j < 4; j++) gp_device_close(own[j]);
+    }
+}
+
 /* Gradients that are not finite under clipping: the pipeline's CLIP
  * finds them before any commit or update, on every schedule, so the failed
  * step changes nothing (parameters, batch-norm statistics, momentum: the
@@ -1673,6 +1758,9 @@ int main(void)
     blocked_chains(true);
     residual_chains(false);
     residual_chains(true);
+    composite_chains(false, true);
+    composite_chains(true, true);
+    composite_chains(false, false);
     attention_transparency();
     schedules_agree();
     interleaved();

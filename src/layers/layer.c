@@ -1062,12 +1062,60 @@ static bool is_pool(const gp_layer *l)
            l->spec.type == GP_LAYER_GLOBAL_AVGPOOL;
 }
 
+/* The blocks of a residual block (residual.c: conv1 3x3 stride s, bn1,
+ * relu, conv2 3x3, bn2, + x or the downsample's 1x1 conv and bn, relu) as
+ * one convolution of a chain: the block conv1 (and the downsample) read
+ * x in, and the one conv1, conv2 (and the downsample) write, which its
+ * norms run in (blocks_through's rule); an identity shortcut adds x to
+ * the output, so both are one block there.  0 both where any differs. */
+static int64_t res_block(const gp_layer *l, bool output)
+{
+    const gp_shape *in = &l->in_shape, *out = &l->out_shape;
+    int64_t cin = in->dims[1], k = l->spec.out, s = l->spec.stride.h;
+    gp_conv_desc c1 = {.n = 1, .c = cin, .h = in->dims[2], .w = in->dims[3], .k = k, .kh = 3,
+                       .kw = 3, .sh = s, .sw = s, .ph = 1, .pw = 1, .oh = out->dims[2],
+                       .ow = out->dims[3]};
+    gp_conv_desc c2 = c1, dn = c1;
+    c2.c = k, c2.h = out->dims[2], c2.w = out->dims[3], c2.sh = c2.sw = 1;
+    dn.kh = dn.kw = 1, dn.ph = dn.pw = 0;
+    int64_t i = gp_dev_act_block(l->dev, &c1, false), o = gp_dev_act_block(l->dev, &c1, true);
+    bool ok = i && o && gp_dev_act_block(l->dev, &c2, false) == o &&
+              gp_dev_act_block(l->dev, &c2, true) == o && k / gp_blk_unit(o) >= l->dev->threads;
+    if (s != 1 || cin != k) /* a downsample */
+        ok = ok && gp_dev_act_block(l->dev, &dn, false) == i &&
+             gp_dev_act_block(l->dev, &dn, true) == o;
+    else
+        ok = ok && i == o;
+    return ok ? (output ? o : i) : 0;
+}
+
+static bool is_res_block(const gp_layer *l)
+{
+    return l->spec.type == GP_LAYER_RESIDUAL && l->n_in == 1 && l->dev && l->in_shape.ndim == 4;
+}
+
+/* A residual block with an identity shortcut, whose x and y must share a
+ * layout (res_block). */
+static bool res_identity(const gp_layer *l)
+{
+    return is_res_block(l) && l->spec.stride.h == 1 && l->in_shape.dims[1] == l->spec.out;
+}
+
 static int64_t conv_block(const gp_layer *l, bool output)
 {
+    if (is_res_block(l)) return res_block(l, output);
     if (l->spec.type != GP_LAYER_CONV2D || l->n_in != 1 || !l->dev) return 0;
     gp_conv_desc d = gp_conv2d_desc(l, 1);
     d.xblk = d.yblk = 0;
     return gp_dev_act_block(l->dev, &d, output);
+}
+
+/* conv_block in plan_chains: a residual block barred (bar_misfits), or
+ * with no skip map to bar one by, takes none. */
+static int64_t chain_block(const gp_layer *layers, int k, const bool *bar, bool output)
+{
+    if (is_res_block(&layers[k]) && (!bar || bar[k])) return 0;
+    return conv_block(&layers[k], output);
 }
 
 /* The layout a residual sum p in a chain of block blk wants its popped
@@ -1100,13 +1148,13 @@ static void plan_chains(gp_layer *layers, int count, const bool *bar)
      !(layers[k].spec.n_pop > 0 && (!bar || bar[k])))
     for (int c = 0; c < count; c++) layers[c].in_blk = layers[c].out_blk = 0;
     for (int a = 0; a < count; a++) {
-        int64_t blk = conv_block(&layers[a], true);
+        int64_t blk = chain_block(layers, a, bar, true);
         if (!blk) continue;
         int b = a + 1;
         while (b < count && !STOPS(b - 1) && JOINS(b, a, blk)) b++;
         int end = b; /* the layer that reads the chain's last blocked output */
         if (b >= count || STOPS(b - 1) || layers[b].dev != layers[a].dev ||
-            conv_block(&layers[b], false) != blk) {
+            chain_block(layers, b, bar, false) != blk) {
             /* no convolution to take it: the chain may end in its last pool,
              * which writes plain */
             end = b - 1;
@@ -1148,8 +1196,8 @@ static bool skip_map_make(const gp_layer *layers, int count, skip_map *m)
 /* Skips that break the plan: bar[] set (and true returned) for a stash whose
  * blocked output is popped by a layer reading another layout or by none in
  * the run (it would leave the stage blocked, and stages take plain
- * tensors), and for a popping layer in a chain whose popped tensor is in
- * another layout. */
+ * tensors), for a popping layer in a chain whose popped tensor is in
+ * another layout, and for an identity residual block between two layouts. */
 static bool bar_misfits(const gp_layer *layers, int count, skip_map *m)
 {
     bool more = false;
@@ -1166,6 +1214,12 @@ static bool bar_misfits(const gp_layer *layers, int count, skip_map *m)
         }
     for (int k = 0; k < count; k++)
         if (layers[k].spec.stash[0] && layers[k].out_blk && !m->popped[k] && !m->bar[k])
+            m->bar[k] = more = true;
+    /* an identity residual block whose input and output chains differ
+     * (one of them plain: a chain that cannot go on after it, or none
+     * before it) computes plain */
+    for (int k = 0; k < count; k++)
+        if (res_identity(&layers[k]) && layers[k].in_blk != layers[k].out_blk && !m->bar[k])
             m->bar[k] = more = true;
     return more;
 }

@@ -39,6 +39,11 @@
  * shortcut take its gradient).  Bit for bit the unfused block
  * (tests/test_checkpoint.c).
  *
+ * In a chain of blocked layouts (gp_layers_blocked: the block counts as a
+ * convolution, reading one block and writing one) the children run in
+ * them (sync_all): the saved maps and the gradients between the children
+ * in the output's, x and dx in the input's.
+ *
  * On bf16 storage (out_dtype, res_takes_bf16) the saved maps and the
  * gradients between the children are bf16 too, each child run on them
  * through gp_layers_child_forward / _backward (its bf16 kernels, or the
@@ -181,14 +186,19 @@ static void res_destroy(gp_layer *l)
     l->state = NULL;
 }
 
-/* Every child's parameter views, and its output type: the block's
- * tensors' own (dt, x's: bf16 where the block runs on bf16 storage). */
+/* Every child's parameter views, its output type (the block's tensors'
+ * own: dt, x's, bf16 where the block runs on bf16 storage) and layouts: in
+ * a chain (gp_layers_blocked) x and dx are in the block's in_blk, and every
+ * map after the convolutions, y included, in its out_blk (the same where
+ * the shortcut is x). */
 static void sync_all(gp_layer *l, res_state *st, gp_dtype dt)
 {
     for (int k = 0; k < C_COUNT; k++)
         if (st->child[k].ops) {
             sync_child(l, st, k);
             st->child[k].out_dtype = dt;
+            st->child[k].in_blk = k == C_CONV1 || k == C_DCONV ? l->in_blk : l->out_blk;
+            st->child[k].out_blk = l->out_blk;
         }
 }
 
