@@ -563,7 +563,11 @@ void gp_layers_inplace(const gp_layer *layers, int count, bool *inplace);
  * and ends its chain, and a popping layer whose popped tensor is in
  * another layout joins none (planned again until nothing changes).  The
  * first convolution may take a plain input (a first layer's 1 or 2
- * channels, backend.h's act_block per side), and a batch norm in a chain
+ * channels, backend.h's act_block per side).  A residual block (residual.c)
+ * counts as a convolution: it reads the block its conv1 and downsample
+ * read, writes the one its convolutions write, and runs its children in
+ * them; one with an identity shortcut needs both alike, else it runs plain
+ * (planned again).  A batch norm in a chain
  * has at least as many units of channels (gp_blk_unit) as its device has
  * threads (its loops run a unit per task).  Without a convolution to end
  * it, a chain may end in its last pool, which reads the block and writes
