@@ -1358,18 +1358,58 @@ static gp_layer_spec rc_spec(gp_layer_type t, int64_t out, int k, int stride, co
     return s;
 }
 
-static void residual_chains(bool nhwc)
+/* The skip chain tests' devices: *flat one whose maps are all plain
+ * (GPIPE_CPU_KEEP_BLOCKS=0), and with nhwc devs[] replaced by devices
+ * that keep their chains channels-last (saved: the old ones, own: the new,
+ * for rc_devices_close). */
+static void rc_devices_open(bool nhwc, gp_device **flat, gp_device *saved[4], gp_device *own[4])
 {
-    gp_device *saved[4], *own[4] = {NULL, NULL, NULL, NULL}, *flat = NULL;
     setenv("GPIPE_CPU_KEEP_BLOCKS", "0", 1);
-    gpt_open_cpu_devices(&flat, 1, 1);
+    gpt_open_cpu_devices(flat, 1, 1);
     if (nhwc) {
         setenv("GPIPE_CPU_KEEP_BLOCKS", "nhwc", 1);
         gpt_open_cpu_devices(own, 4, 1);
-        memcpy(saved, devs, sizeof saved);
-        memcpy(devs, own, sizeof devs);
+        memcpy(saved, devs, 4 * sizeof *saved);
+        memcpy(devs, own, 4 * sizeof *own);
     }
     unsetenv("GPIPE_CPU_KEEP_BLOCKS");
+}
+
+static void rc_devices_close(bool nhwc, gp_device *flat, gp_device *saved[4], gp_device *own[4])
+{
+    gp_device_close(flat);
+    if (nhwc) {
+        memcpy(devs, saved, 4 * sizeof *saved);
+        for (int j = 0; j < 4; j++) gp_device_close(own[j]);
+    }
+}
+
+/* Model c cut in two stages after layer `cut` (of n) against the flat
+ * device's one-stage run (chains_run), checkpointing by the cut; a
+ * difference counted in *differ and said, named `what`.  false where a
+ * build failed. */
+static bool rc_cut_run(gp_config *c, gp_device *flat, int n, int cut, const char *what,
+                       gp_model *plan, gp_model *ref, gp_model *pip, int *differ)
+{
+    int bal[2] = {cut, n - cut};
+    c->pipeline.chunks = 3;
+    c->pipeline.checkpoint = (gp_checkpoint_mode)(cut % 3);
+    bool same[3];
+    if (!chains_run(c, flat, 2, bal, plan, ref, pip, same)) return false;
+    if (!(same[0] && same[1] && same[2])) {
+        (*differ)++;
+        CHECK_MSG(0, "%s, balance [%d, %d] ckpt=%s: loss %s, grads %s, params %s", what, bal[0],
+                  bal[1], gp_checkpoint_mode_name(c->pipeline.checkpoint),
+                  same[0] ? "same" : "DIFFER", same[1] ? "same" : "DIFFER",
+                  same[2] ? "same" : "DIFFER");
+    }
+    return true;
+}
+
+static void residual_chains(bool nhwc)
+{
+    gp_device *saved[4], *own[4] = {NULL, NULL, NULL, NULL}, *flat = NULL;
+    rc_devices_open(nhwc, &flat, saved, own);
     const int64_t C = nhwc ? 24 : 16, D = nhwc ? 40 : 16;
     gp_layer_spec bs[RC_N];
     gp_config c = gpt_model_cfg(bs, true, false, BATCH);
@@ -1400,21 +1440,11 @@ static void residual_chains(bool nhwc)
     c.model.input[0] = 2, c.model.input[1] = 8, c.model.input[2] = 8;
     int differ = 0, runs = 0;
     for (int cut = 1; cut < n && flat; cut++) {
-        int bal[2] = {cut, n - cut};
-        c.pipeline.chunks = 3;
-        c.pipeline.checkpoint = (gp_checkpoint_mode)(cut % 3);
         gp_model ref, pip, plan;
-        bool same[3];
-        if (!chains_run(&c, flat, 2, bal, &plan, &ref, &pip, same)) break;
+        if (!rc_cut_run(&c, flat, n, cut, nhwc ? "residual chains (nhwc)" : "residual chains",
+                        &plan, &ref, &pip, &differ))
+            break;
         runs++;
-        if (!(same[0] && same[1] && same[2])) {
-            differ++;
-            CHECK_MSG(0, "residual chains%s, balance [%d, %d] ckpt=%s: loss %s, grads %s, "
-                      "params %s", nhwc ? " (nhwc)" : "", bal[0], bal[1],
-                      gp_checkpoint_mode_name(c.pipeline.checkpoint),
-                      same[0] ? "same" : "DIFFER", same[1] ? "same" : "DIFFER",
-                      same[2] ? "same" : "DIFFER");
-        }
         int64_t B = plan.layers[4].out_blk;
         CHECK_MSG(nhwc ? B == C : B == 8 || B == 16, "conv %lld->%lld output block %lld",
                   (long long)C, (long long)C, (long long)B);
@@ -1438,11 +1468,7 @@ static void residual_chains(bool nhwc)
     printf("test_pipeline: residual chains%s: %d of %d configurations differ\n",
            nhwc ? ", channels-last" : "", differ, runs);
     CHECK(runs == n - 1);
-    gp_device_close(flat);
-    if (nhwc) {
-        memcpy(devs, saved, sizeof devs);
-        for (int j = 0; j < 4; j++) gp_device_close(own[j]);
-    }
+    rc_devices_close(nhwc, flat, saved, own);
 }
 
 /* Chains through residual blocks as one layer each (`residual`,
@@ -1458,15 +1484,7 @@ static void residual_chains(bool nhwc)
 static void composite_chains(bool nhwc, bool pool_end)
 {
     gp_device *saved[4], *own[4] = {NULL, NULL, NULL, NULL}, *flat = NULL;
-    setenv("GPIPE_CPU_KEEP_BLOCKS", "0", 1);
-    gpt_open_cpu_devices(&flat, 1, 1);
-    if (nhwc) {
-        setenv("GPIPE_CPU_KEEP_BLOCKS", "nhwc", 1);
-        gpt_open_cpu_devices(own, 4, 1);
-        memcpy(saved, devs, sizeof saved);
-        memcpy(devs, own, sizeof devs);
-    }
-    unsetenv("GPIPE_CPU_KEEP_BLOCKS");
+    rc_devices_open(nhwc, &flat, saved, own);
     const int64_t C = nhwc ? 24 : 16, D = nhwc ? 40 : 16;
     gp_layer_spec bs[10];
     gp_config c = gpt_model_cfg(bs, true, false, BATCH);
@@ -1484,22 +1502,13 @@ static void composite_chains(bool nhwc, bool pool_end)
     c.model.n_layers = n;
     c.model.input[0] = 2, c.model.input[1] = 8, c.model.input[2] = 8;
     int differ = 0, runs = 0;
+    char what[96];
+    snprintf(what, sizeof what, "composite residual chains%s%s", nhwc ? " (nhwc)" : "",
+             pool_end ? "" : " (flatten)");
     for (int cut = 1; cut < n && flat; cut++) {
-        int bal[2] = {cut, n - cut};
-        c.pipeline.chunks = 3;
-        c.pipeline.checkpoint = (gp_checkpoint_mode)(cut % 3);
         gp_model ref, pip, plan;
-        bool same[3];
-        if (!chains_run(&c, flat, 2, bal, &plan, &ref, &pip, same)) break;
+        if (!rc_cut_run(&c, flat, n, cut, what, &plan, &ref, &pip, &differ)) break;
         runs++;
-        if (!(same[0] && same[1] && same[2])) {
-            differ++;
-            CHECK_MSG(0, "composite residual chains%s%s, balance [%d, %d] ckpt=%s: loss %s, "
-                      "grads %s, params %s", nhwc ? " (nhwc)" : "", pool_end ? "" : " (flatten)",
-                      bal[0], bal[1], gp_checkpoint_mode_name(c.pipeline.checkpoint),
-                      same[0] ? "same" : "DIFFER", same[1] ? "same" : "DIFFER",
-                      same[2] ? "same" : "DIFFER");
-        }
         /* one device: blocked from the stem's output to the pool's input;
          * ending in flatten, the last block and the downsampling one's
          * output plain */
@@ -1523,11 +1532,7 @@ static void composite_chains(bool nhwc, bool pool_end)
     printf("test_pipeline: composite residual chains%s%s: %d of %d configurations differ\n",
            nhwc ? ", channels-last" : "", pool_end ? "" : ", ending in flatten", differ, runs);
     CHECK(runs == n - 1);
-    gp_device_close(flat);
-    if (nhwc) {
-        memcpy(devs, saved, sizeof devs);
-        for (int j = 0; j < 4; j++) gp_device_close(own[j]);
-    }
+    rc_devices_close(nhwc, flat, saved, own);
 }
 
 /* Gradients that are not finite under clipping: the pipeline's CLIP
