@@ -110,8 +110,9 @@ gp_status gp_synthetic_make(int64_t n, int classes, int64_t c, int64_t h,
  * learnable language: each id is followed by its successor in a fixed
  * random permutation of them, nine times in ten, else by a random id, so
  * a model that learns the bigrams gets the loss down from log(ids) (5.5
- * nats for 256) towards the set's entropy (0.88 nats for 256).  Window `first + i` draws from streams keyed by its
- * index, as synthetic_fill's samples do. */
+ * nats for 256) towards the set's entropy (0.88 nats for 256).  Window
+ * `first + i` draws from streams keyed by its index, as synthetic_fill's
+ * samples do. */
 gp_status gp_synthetic_tokens(int64_t n, int64_t t, int64_t vocab, uint64_t seed, int64_t first,
                               gp_dataset *ds);
 #define GP_SYNTHETIC_TOKEN_IDS 256
