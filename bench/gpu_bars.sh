@@ -76,8 +76,9 @@ if [ "${PARTS:-all}" = bf16 ]; then
 # bf16, train.activations: bf16, what `auto` gives on GPUs, its chains
 # channels-last) and the same bf16 with GPIPE_CUDA_NHWC=0 (every map plain
 # NCHW: issue 67's A/B), each with its peak device memory; BF16_VARIANTS
-# picks the columns (default "tf32 bf16 bf16nchw"; bf16a32 is bf16 with
-# FP32 activations, the contract before issue 50), and
+# picks the columns (default "tf32 bf16 bf16nchw"; bf16chains is bf16 with
+# GPIPE_CUDA_NHWC=chains, channels-last only inside chains; bf16a32 is bf16
+# with FP32 activations, the contract before issue 50), and
 # PyTorch's TF32 and bf16 autocast beside them with theirs, in NCHW and in
 # channels_last (the ratio takes the faster: issue 67), and torch.compile's
 # where PEER_COMPILE=1 (a column, not a bar; its compiles take minutes).
@@ -91,11 +92,12 @@ for spec in ${BF16_RUNS:-configs/resnet101.yaml:128 configs/unet.yaml:32 configs
   cfg=${spec%:*}; batch=${spec#*:}; model=$(basename "$cfg" .yaml)
   t=(); p=(); pq=()
   for v in "${variants[@]}"; do
-    nhwc=1
+    nhwc=all
     case $v in
       tf32) sets=(--set train.precision=tf32) ;;
       bf16) sets=(--set train.precision=bf16 --set train.activations=bf16) ;;
       bf16nchw) sets=(--set train.precision=bf16 --set train.activations=bf16); nhwc=0 ;;
+      bf16chains) sets=(--set train.precision=bf16 --set train.activations=bf16); nhwc=chains ;;
       bf16a32) sets=(--set train.precision=bf16 --set train.activations=fp32) ;;
       *) echo "gpu_bars: unknown BF16_VARIANTS entry $v"; exit 2 ;;
     esac

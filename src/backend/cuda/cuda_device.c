@@ -2510,7 +2510,9 @@ gp_status gp_cuda_device_create(int index, const gp_device_opts *opts, gp_device
     const char *sdpa = getenv("GPIPE_CUDNN_SDPA");
     ctx->sdpa_off = sdpa && strcmp(sdpa, "0") == 0;
     const char *nhwc = getenv("GPIPE_CUDA_NHWC");
-    ctx->nhwc = !(nhwc && strcmp(nhwc, "0") == 0);
+    ctx->nhwc = nhwc && !strcmp(nhwc, "0")        ? GP_CUDA_NHWC_OFF
+                : nhwc && !strcmp(nhwc, "chains") ? GP_CUDA_NHWC_CHAINS
+                                                  : GP_CUDA_NHWC_ALL;
     dev->precision = opts->precision;
 
     GP_CUDA_GO(cudaSetDevice(index));

@@ -175,7 +175,7 @@ static int conv_same(const gp_conv_desc *a, const gp_conv_desc *b)
            a->has_bias == b->has_bias;
 }
 
-static gp_status conv_build(gp_device *dev, const gp_conv_desc *d, cuda_conv *cv)
+static gp_status conv_build(gp_device *dev, const gp_conv_desc *d, bool nhwc, cuda_conv *cv)
 {
     GP_TRY(fits(dev, "convolution input", d->n, d->c, d->h, d->w));
     GP_TRY(fits(dev, "convolution output", d->n, d->k, d->oh, d->ow));
@@ -192,10 +192,10 @@ static gp_status conv_build(gp_device *dev, const gp_conv_desc *d, cuda_conv *cv
      * BFLOAT16 configuration: FP32 compute, a bf16 result) */
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     cv->bf16 = ctx->bf16 && gp_bf16_conv_worth(d); /* else FP32 (backend.h) */
-    /* channels-last where the device keeps it (gp_cuda_conv_nhwc): x, w
-     * (KRSC) and y all NHWC, the layout cuDNN's bf16 tensor-core kernels
+    /* channels-last where the device keeps it (gp_cuda_conv_call_nhwc): x,
+     * w (KRSC) and y all NHWC, the layout cuDNN's bf16 tensor-core kernels
      * read without transposing inside */
-    cv->nhwc = gp_cuda_conv_nhwc(ctx, d);
+    cv->nhwc = nhwc;
     cudnnDataType_t dt = cv->bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
     cudnnTensorFormat_t f = cv->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     GP_TRY(set4d_fmt(cv->x, f, dt, d->n, d->c, d->h, d->w));
@@ -218,18 +218,21 @@ static gp_status conv_build(gp_device *dev, const gp_conv_desc *d, cuda_conv *cv
     return GP_OK;
 }
 
+/* The shape's convolution in the layout call d computes in (one of each
+ * where GPIPE_CUDA_NHWC=chains runs a shape both ways). */
 static gp_status conv_get(gp_device *dev, const gp_conv_desc *d, cuda_conv **out)
 {
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
+    bool nhwc = gp_cuda_conv_call_nhwc(ctx, d);
     for (cuda_conv *cv = ctx->convs; cv; cv = cv->next)
-        if (conv_same(&cv->d, d)) {
+        if (conv_same(&cv->d, d) && cv->nhwc == nhwc) {
             *out = cv;
             return GP_OK;
         }
     cuda_conv *cv = calloc(1, sizeof *cv);
     if (!cv) return gp_error_set(GP_ERR_OOM, "out of host memory for a convolution descriptor");
     cv->d = *d;
-    gp_status st = conv_build(dev, d, cv);
+    gp_status st = conv_build(dev, d, nhwc, cv);
     if (st != GP_OK) {
         conv_free(cv);
         return st;

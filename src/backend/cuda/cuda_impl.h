@@ -150,7 +150,9 @@ typedef struct gp_cuda_ctx {
     bool legacy_conv;             /* GPIPE_CUDNN_LEGACY=1: no graph API for convolutions */
     bool graph_force;             /* GPIPE_CUDNN_GRAPH=force: its plan wherever one builds */
     bool sdpa_off;                /* GPIPE_CUDNN_SDPA=0: attention on gpipe's own kernels */
-    bool nhwc;                    /* chains channels-last (act_block); GPIPE_CUDA_NHWC=0: plain */
+    int nhwc;                     /* channels-last convolutions (gp_cuda_conv_nhwc):
+                                     GP_CUDA_NHWC_ALL (the default), _CHAINS
+                                     (GPIPE_CUDA_NHWC=chains) or _OFF (=0) */
     int sm;                       /* compute capability, major * 10 + minor */
     struct cuda_sdpa *sdpas;      /* per-shape fused attention plans (cuda_sdpa.c) */
     bool deterministic;           /* train.deterministic: cuDNN algorithms by heuristics,
@@ -381,9 +383,21 @@ void gp_cuda_graph_free(cuda_conv *cv);
  * layers, which then keep the maps between such convolutions, through
  * batch norm, pooling, relu and the residual sums, channels-last
  * (gp_layers_blocked); a chain's ends transpose (cuda_dnn.c, conv_turn). */
+enum { GP_CUDA_NHWC_OFF, GP_CUDA_NHWC_ALL, GP_CUDA_NHWC_CHAINS };
 static inline bool gp_cuda_conv_nhwc(const gp_cuda_ctx *ctx, const gp_conv_desc *d)
 {
     return ctx->nhwc && ctx->bf16 && gp_bf16_conv_worth(d) && d->c % 8 == 0 && d->k % 8 == 0;
+}
+/* Whether call d of such a convolution computes in NHWC: always (ALL: a
+ * convolution outside any chain transposes its sides itself, the same
+ * algorithm and bits wherever the stages cut), or only where a side is
+ * given channels-last (CHAINS: one outside the chains runs NCHW as before
+ * issue 67, cuDNN's own way; an A/B for models whose convolutions mostly
+ * sit alone, as in AmoebaNet's cells, whose children stay plain). */
+static inline bool gp_cuda_conv_call_nhwc(const gp_cuda_ctx *ctx, const gp_conv_desc *d)
+{
+    return gp_cuda_conv_nhwc(ctx, d) &&
+           (ctx->nhwc == GP_CUDA_NHWC_ALL || d->xblk != 0 || d->yblk != 0);
 }
 int64_t gp_cuda_act_block(gp_device *dev, const gp_conv_desc *d, bool output);
 
