@@ -921,6 +921,20 @@ static void test_save_restore(const char *replicas)
         CHECK_OK(gp_run_parse("other.yaml", k_yaml, NULL, 0, &other));
         if (other) { /* another model: names and shapes do not match */
             CHECK(gp_run_restore(other, snap) == GP_ERR_INVALID);
+            /* refused before the run was prepared: the model built for it
+             * without random draws (the snapshot was to replace them) is
+             * gone, and the next prepare draws them as a fresh run's */
+            CHECK(gp_run_devices(other) == 0);
+            char wo[300], wf[300];
+            snprintf(wo, sizeof wo, "%s/other.safetensors", tmpdir);
+            snprintf(wf, sizeof wf, "%s/other-fresh.safetensors", tmpdir);
+            gp_run *twin = NULL;
+            CHECK_OK(gp_run_parse("other.yaml", k_yaml, NULL, 0, &twin));
+            CHECK_OK(gp_run_export_weights(other, wo));
+            if (twin) CHECK_OK(gp_run_export_weights(twin, wf));
+            CHECK_MSG(same_bytes(wo, wf), "a run whose first restore failed does not start "
+                      "from a fresh run's drawn weights");
+            gp_run_free(twin);
             gp_run_free(other);
         }
         steps(c, 3, 5, fresh);

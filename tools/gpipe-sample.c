@@ -395,7 +395,8 @@ static int run_sampler(const sample_opts *o)
     gp_status st = gp_run_load(o->config, sets, n, &s.run);
     gp_run_info info;
     if (st == GP_OK) st = check_out(s.run, o);
-    if (st == GP_OK) st = gp_run_prepare(s.run);
+    /* restored before anything prepares the run: its build draws no
+     * random values the snapshot replaces */
     bool restoring = false;
     if (st == GP_OK && o->resume) {
         restoring = true;
@@ -403,8 +404,9 @@ static int run_sampler(const sample_opts *o)
     }
     if (st == GP_OK) {
         restoring = false;
-        st = gp_run_describe(s.run, &info);
+        st = gp_run_prepare(s.run);
     }
+    if (st == GP_OK) st = gp_run_describe(s.run, &info);
     if (st != GP_OK) {
         /* the library's name for the call is this tool's --resume */
         const char *msg = gp_last_error(), *lib = "gp_run_restore: ";

@@ -216,13 +216,14 @@ static void say_many_processes(void)
             "separate processes run gpipe-train under mpirun");
 }
 
-static gp_status run_prepare(gp_run *r)
+/* The model built on its devices, from model.init_from where given; with
+ * loads (a snapshot's restore follows) its random values are not drawn. */
+static gp_status prepare(gp_run *r, bool loads)
 {
-    RUN_ARG(r);
-    GP_TRY(same_process(r, "gp_run_prepare"));
     if (r->prepared) return GP_OK;
     say_many_processes();
-    gp_model_build_loads(r->cfg.model.init_from[0] != 0); /* loaded below: no draws */
+    /* loaded below or next: no draws */
+    gp_model_build_loads(loads || r->cfg.model.init_from[0] != 0);
     gp_status os = gp_train_open(&r->cfg, r->devs, r->model, true);
     gp_model_build_loads(false);
     GP_TRY(os);
@@ -238,6 +239,13 @@ static gp_status run_prepare(gp_run *r)
         }
     }
     return GP_OK;
+}
+
+static gp_status run_prepare(gp_run *r)
+{
+    RUN_ARG(r);
+    GP_TRY(same_process(r, "gp_run_prepare"));
+    return prepare(r, false);
 }
 
 static gp_status run_step(gp_run *r, const float *x, const float *y, int64_t n,
@@ -478,10 +486,19 @@ static gp_status run_restore(gp_run *r, const char *path)
         GP_TRY(gp_snapshot_latest(r->cfg.train.snapshot.dir, newest, sizeof newest));
         path = newest;
     }
-    GP_TRY(gp_run_prepare(r));
-    GP_TRY(one_process(r, "gp_run_restore"));
+    /* a run restored before it was prepared draws no random values the
+     * snapshot replaces (a Llama 3.2 1B's took ~40 s); should the restore
+     * fail, that model goes again, and the next prepare draws them */
+    bool fresh = !r->prepared;
+    GP_TRY(prepare(r, true));
+    gp_status s = one_process(r, "gp_run_restore");
+    if (s != GP_OK) {
+        if (fresh) drop_model(r);
+        return s;
+    }
     gp_snapshot_pos pos;
-    gp_status s = gp_snapshot_restore(r->model, &r->cfg, path, false, &pos, NULL);
+    s = gp_snapshot_restore(r->model, &r->cfg, path, false, &pos, NULL);
+    if (s != GP_OK && fresh) drop_model(r);
     if (s != GP_OK) return gp_error_wrap(s, "gp_run_restore");
     /* a model that diverged is replaced whole: the run may go on */
     r->diverged = 0;
