@@ -292,7 +292,10 @@ gp_status gp_run_save(gp_run *run, const char *path);
  * a snapshot made with another train.seed is a warning.  Also the way on
  * for a run whose model diverged (GP_ERR_NUMERIC).  path "latest": the
  * newest complete snapshot in the config's train.snapshot.dir, as
- * gpipe-train --resume latest. */
+ * gpipe-train --resume latest.  On a run not yet prepared it prepares it
+ * without drawing the random initial values the snapshot replaces (a
+ * large model's start-up: see gpipe-sample --resume); refused there, the
+ * run is unprepared again and a later gp_run_prepare draws them. */
 gp_status gp_run_restore(gp_run *run, const char *path);
 /* Whether `path` can take a file the caller will write (created beside it
  * and renamed over it), checked before the work that makes it: not the
