@@ -1278,8 +1278,7 @@ static gp_status run_place_model(train_run *r)
     /* a large model's build takes a while (a 1.2B one ~40 s of draws on 2
      * cores): said before it, not only after */
     int64_t params = 0;
-    gp_shape out;
-    if (!r->opts->quiet && gp_model_describe(r->cfg, &params, &out) == GP_OK &&
+    if (!r->opts->quiet && gp_model_count_params(r->cfg, &params) == GP_OK &&
         params >= GP_BUILD_SAY_PARAMS)
         GP_INFO("building the model: %lld parameters, %s", (long long)params,
                 loads ? "loaded next (no random draws)" : "drawing their initial values");
