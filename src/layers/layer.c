@@ -1070,20 +1070,16 @@ static bool is_pool(const gp_layer *l)
  * the output, so both are one block there.  0 both where any differs. */
 static int64_t res_block(const gp_layer *l, bool output)
 {
-    const gp_shape *in = &l->in_shape, *out = &l->out_shape;
-    int64_t cin = in->dims[1], k = l->spec.out, s = l->spec.stride.h;
-    gp_conv_desc c1 = {.n = 1, .c = cin, .h = in->dims[2], .w = in->dims[3], .k = k, .kh = 3,
-                       .kw = 3, .sh = s, .sw = s, .ph = 1, .pw = 1, .oh = out->dims[2],
-                       .ow = out->dims[3]};
-    gp_conv_desc c2 = c1, dn = c1;
-    c2.c = k, c2.h = out->dims[2], c2.w = out->dims[3], c2.sh = c2.sw = 1;
-    dn.kh = dn.kw = 1, dn.ph = dn.pw = 0;
-    int64_t i = gp_dev_act_block(l->dev, &c1, false), o = gp_dev_act_block(l->dev, &c1, true);
-    bool ok = i && o && gp_dev_act_block(l->dev, &c2, false) == o &&
-              gp_dev_act_block(l->dev, &c2, true) == o && k / gp_blk_unit(o) >= l->dev->threads;
-    if (s != 1 || cin != k) /* a downsample */
-        ok = ok && gp_dev_act_block(l->dev, &dn, false) == i &&
-             gp_dev_act_block(l->dev, &dn, true) == o;
+    gp_conv_desc c[3]; /* conv1, conv2, the downsample's (gp_residual_convs) */
+    int nc = gp_residual_convs(l, c);
+    if (nc < 2) return 0;
+    int64_t i = gp_dev_act_block(l->dev, &c[0], false), o = gp_dev_act_block(l->dev, &c[0], true);
+    bool ok = i && o && gp_dev_act_block(l->dev, &c[1], false) == o &&
+              gp_dev_act_block(l->dev, &c[1], true) == o &&
+              c[1].k / gp_blk_unit(o) >= l->dev->threads;
+    if (nc == 3)
+        ok = ok && gp_dev_act_block(l->dev, &c[2], false) == i &&
+             gp_dev_act_block(l->dev, &c[2], true) == o;
     else
         ok = ok && i == o;
     return ok ? (output ? o : i) : 0;
@@ -1091,14 +1087,15 @@ static int64_t res_block(const gp_layer *l, bool output)
 
 static bool is_res_block(const gp_layer *l)
 {
-    return l->spec.type == GP_LAYER_RESIDUAL && l->n_in == 1 && l->dev && l->in_shape.ndim == 4;
+    return l->spec.type == GP_LAYER_RESIDUAL && l->n_in == 1 && l->dev;
 }
 
 /* A residual block with an identity shortcut, whose x and y must share a
  * layout (res_block). */
 static bool res_identity(const gp_layer *l)
 {
-    return is_res_block(l) && l->spec.stride.h == 1 && l->in_shape.dims[1] == l->spec.out;
+    gp_conv_desc c[3];
+    return is_res_block(l) && gp_residual_convs(l, c) == 2;
 }
 
 static int64_t conv_block(const gp_layer *l, bool output)

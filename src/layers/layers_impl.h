@@ -160,6 +160,11 @@ gp_status gp_layers_saved_alloc_as(gp_saved *s, int slot, gp_device *dev,
 /* The backend descriptor of a conv2d layer (or a residual's child conv) for
  * a batch of n. */
 gp_conv_desc gp_conv2d_desc(const gp_layer *l, int64_t n);
+/* A residual block's convolutions (its children's gp_conv2d_desc for a
+ * batch of 1, plain): conv1, conv2 and with a downsample its 1x1 conv;
+ * returns how many (3 with a downsample, 2 without, 0 for a block not
+ * set up). */
+int gp_residual_convs(const gp_layer *l, gp_conv_desc conv[3]);
 /* Output spatial size of a window op, 0 if the kernel does not fit. */
 int64_t gp_layers_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad);
 /* Both axes of it: out.h from in_h, out.w from in_w. */

@@ -169,6 +169,19 @@ static gp_status res_init(gp_layer *l, uint64_t seed)
     return GP_OK;
 }
 
+int gp_residual_convs(const gp_layer *l, gp_conv_desc conv[3])
+{
+    const res_state *st = l->state;
+    if (!st || !st->child[C_CONV1].ops) return 0;
+    static const int which[3] = {C_CONV1, C_CONV2, C_DCONV};
+    int n = st->has_down ? 3 : 2;
+    for (int j = 0; j < n; j++) {
+        conv[j] = gp_conv2d_desc(&st->child[which[j]], 1);
+        conv[j].xblk = conv[j].yblk = 0;
+    }
+    return n;
+}
+
 void gp_residual_fuse(gp_layer *l, bool on)
 {
     res_state *st = l->state;
