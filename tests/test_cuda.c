@@ -2403,6 +2403,13 @@ static void test_channels_last(gp_device *cpu)
     CHECK_MSG(s == GP_ERR_INVALID && strstr(gp_last_error(), "channels-last"),
               "batch norm in nChw16c on a GPU: %s (%s)", gp_status_name(s), gp_last_error());
     gp_error_clear();
+    /* and a convolution given one, likewise */
+    const gp_conv_desc cb = {.n = 2, .c = 32, .h = 8, .w = 8, .k = 32, .kh = 1, .kw = 1, .sh = 1,
+                             .sw = 1, .oh = 8, .ow = 8, .xblk = 16};
+    s = gp_dev_conv_fwd(g, &cb, p, p, NULL, p + n); /* (weights within x: refused first) */
+    CHECK_MSG(s == GP_ERR_INVALID && strstr(gp_last_error(), "channels-last"),
+              "a convolution in nChw16c on a GPU: %s (%s)", gp_status_name(s), gp_last_error());
+    gp_error_clear();
     gp_dev_free(g, p, (size_t)(2 * n + 64) * 4, GP_MEM_ACTIVATIONS);
     gp_device_close(g);
     /* GPIPE_CUDA_NHWC=chains: a plain call runs NCHW, a channels-last one

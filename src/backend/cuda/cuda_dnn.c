@@ -416,6 +416,9 @@ static gp_status conv_tensors(gp_device *dev, const cuda_conv *cv, const gp_conv
         return gp_error_set(GP_ERR_INVALID, "device %s: a convolution on bf16 storage that runs "
                                             "in FP32 (gp_dev_conv_bf16_takes is false for it)",
                             dev->name);
+    int cl; /* a block other than all the channels: refused, as batch norm's and pooling's */
+    GP_TRY(cuda_layout(dev, "convolution input", d->xblk, d->c, &cl));
+    GP_TRY(cuda_layout(dev, "convolution output", d->yblk, d->k, &cl));
     if (!cv->bf16 && (d->xblk || d->yblk))
         return gp_error_set(GP_ERR_INVALID, "device %s: an FP32 convolution given channels-last "
                                             "activations (act_block says plain for it)",
@@ -848,10 +851,7 @@ gp_status gp_cuda_pool_bwd(gp_device *dev, const gp_pool_desc *d, const float *x
     if (d->kind != GP_POOL_MAX || d->blk) {
         gp_cuk_pool p;
         GP_TRY(pool_kernel_desc(dev, d, &p));
-        if (d->kind != GP_POOL_MAX)
-            GP_CUDA(gp_cuk_pool_bwd_avg(ctx->compute, dy, dx, &p));
-        else
-            GP_CUDA(gp_cuk_pool_bwd(ctx->compute, x, dy, dx, &p));
+        GP_CUDA(gp_cuk_pool_bwd(ctx->compute, d->kind == GP_POOL_MAX ? x : NULL, dy, dx, &p));
         return GP_OK;
     }
     GP_TRY(pool_setup(dev, d));

@@ -2294,6 +2294,20 @@ cudaError_t bn_bwd_apply(cudaStream_t s, const T *x, const float *gamma, const f
     return cudaGetLastError();
 }
 
+/* The channel kernels' whole backward on any plane size: the sums into
+ * sums (2 c floats), then dx =, dgamma / dbeta += where not NULL. */
+template <typename T>
+cudaError_t bn_bwd(cudaStream_t s, const T *x, const float *mean, const float *var,
+                   const float *gamma, const float *beta, int relu, const T *dy, int64_t n,
+                   int64_t c, int64_t sp, float eps, T *dx, float *dgamma, float *dbeta,
+                   float *sums, int cl)
+{
+    cudaError_t e = bn_bwd_sums(s, x, mean, dy, n, c, sp, gamma, beta, var, eps, relu, sums, cl);
+    if (e != cudaSuccess) return e;
+    return bn_bwd_apply(s, x, gamma, beta, relu, mean, var, dy, sums, (double)(n * sp), eps, n,
+                        c, sp, dx, sums, dgamma, dbeta, cl);
+}
+
 } /* namespace */
 
 extern "C" {
@@ -2360,10 +2374,8 @@ cudaError_t gp_cuk_bn_bwd_bf16(cudaStream_t s, const uint16_t *x, const float *m
                                const uint16_t *dy, int64_t n, int64_t c, int64_t sp, float eps,
                                uint16_t *dx, float *dgamma, float *dbeta, float *sums, int cl)
 {
-    cudaError_t e = bn_bwd_sums(s, x, mean, dy, n, c, sp, gamma, beta, var, eps, relu, sums, cl);
-    if (e != cudaSuccess) return e;
-    return bn_bwd_apply(s, x, gamma, beta, relu, mean, var, dy, sums, (double)(n * sp), eps, n,
-                        c, sp, dx, sums, dgamma, dbeta, cl);
+    return bn_bwd(s, x, mean, var, gamma, beta, relu, dy, n, c, sp, eps, dx, dgamma, dbeta, sums,
+                  cl);
 }
 
 cudaError_t gp_cuk_bn_bwd(cudaStream_t s, const float *x, const float *mean, const float *var,
@@ -2371,10 +2383,8 @@ cudaError_t gp_cuk_bn_bwd(cudaStream_t s, const float *x, const float *mean, con
                           int64_t n, int64_t c, int64_t sp, float eps, float *dx, float *dgamma,
                           float *dbeta, float *sums, int cl)
 {
-    cudaError_t e = bn_bwd_sums(s, x, mean, dy, n, c, sp, gamma, beta, var, eps, relu, sums, cl);
-    if (e != cudaSuccess) return e;
-    return bn_bwd_apply(s, x, gamma, beta, relu, mean, var, dy, sums, (double)(n * sp), eps, n,
-                        c, sp, dx, sums, dgamma, dbeta, cl);
+    return bn_bwd(s, x, mean, var, gamma, beta, relu, dy, n, c, sp, eps, dx, dgamma, dbeta, sums,
+                  cl);
 }
 
 cudaError_t gp_cuk_bn_relu_mask(cudaStream_t s, const float *x, const float *mean,
@@ -2849,15 +2859,9 @@ cudaError_t gp_cuk_pool_fwd(cudaStream_t s, const float *x, float *y, const gp_c
 cudaError_t gp_cuk_pool_bwd(cudaStream_t s, const float *x, const float *dy, float *dx,
                             const gp_cuk_pool *p)
 {
+    if (p->kind == 0 && !x) return cudaErrorInvalidValue; /* max pooling reads x */
     int64_t n = p->n * p->c * p->h * p->w;
     GP_CUK_LAUNCH(n, k_pool_bwd<float>, x, dy, dx, *p, n);
-}
-
-cudaError_t gp_cuk_pool_bwd_avg(cudaStream_t s, const float *dy, float *dx, const gp_cuk_pool *p)
-{
-    if (p->kind == 0) return cudaErrorInvalidValue; /* max pooling reads x */
-    int64_t n = p->n * p->c * p->h * p->w;
-    GP_CUK_LAUNCH(n, k_pool_bwd<float>, (const float *)NULL, dy, dx, *p, n);
 }
 
 } /* extern "C" */

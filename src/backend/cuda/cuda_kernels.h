@@ -465,15 +465,12 @@ cudaError_t gp_cuk_pool_fwd_bf16(cudaStream_t s, const uint16_t *x, uint16_t *y,
 cudaError_t gp_cuk_pool_bwd_bf16(cudaStream_t s, const uint16_t *x, const uint16_t *dy,
                                  uint16_t *dx, const gp_cuk_pool *p);
 /* The same on FP32 storage: channels-last pooling (cuDNN's pools a
- * plain layout here). */
+ * plain layout here), and the averages' backward (kind 1, 2), which reads
+ * neither x (NULL allowed there) nor y: cuDNN's pooling backward takes
+ * both, so an average pool's output would have to be kept for it. */
 cudaError_t gp_cuk_pool_fwd(cudaStream_t s, const float *x, float *y, const gp_cuk_pool *p);
 cudaError_t gp_cuk_pool_bwd(cudaStream_t s, const float *x, const float *dy, float *dx,
                             const gp_cuk_pool *p);
-/* The same backward on FP32 tensors, for the averages (kind 1, 2), which
- * read neither x (NULL allowed) nor y: cuDNN's pooling backward takes
- * both, so an average pool's output would have to be kept for it. */
-cudaError_t gp_cuk_pool_bwd_avg(cudaStream_t s, const float *dy, float *dx,
-                                const gp_cuk_pool *p);
 
 #ifdef __cplusplus
 }
