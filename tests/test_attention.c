@@ -25,6 +25,7 @@
  * The pipeline on two devices against one is in test_pipeline.c.
  */
 #include "backend/cpu/cpu_attention.h"
+#include "backend/cpu/cpu_impl.h" /* gp_cpu_isa_has */
 #include "layers/layers_impl.h"
 #include "test_util.h"
 
@@ -559,9 +560,10 @@ static void cached(void)
  * heads' layout, T past tiles and not a multiple of the query blocks. */
 static void widths(void)
 {
-    if (!gp_cpu_att_w16_built() || !__builtin_cpu_supports("avx512f")) {
+    if (!gp_cpu_att_w16_built() || !gp_cpu_isa_has(dnnl_cpu_isa_avx512_core)) {
         printf("test_attention: no AVX-512 %s; the 16-wide kernels were not compared\n",
-               gp_cpu_att_w16_built() ? "on this processor" : "clones in this build");
+               gp_cpu_att_w16_built() ? "here (the processor, or GPIPE_CPU_ISA)"
+                                      : "clones in this build");
         return;
     }
     static const int64_t shapes[][5] = {{2, 133, 64, 2, 2}, {1, 70, 128, 2, 2},

@@ -373,9 +373,7 @@ static void test_bf16(void)
     gp_device_opts o = {.threads = 1, .precision = GP_PRECISION_BF16};
     gp_device *dev = NULL;
     gp_status st = gp_device_open("cpu:7", &o, &dev);
-    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-    bool native = ((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core_bf16) ==
-                  (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+    bool native = gp_cpu_isa_has(dnnl_cpu_isa_avx512_core_bf16); /* GPIPE_CPU_ISA's */
     if (!native) {
         CHECK(st == GP_ERR_UNSUPPORTED);
         CHECK_MSG(strstr(gp_last_error(), "avx512_bf16") && strstr(gp_last_error(), "fp32"),

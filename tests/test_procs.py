@@ -132,8 +132,11 @@ def mpirun(n, args, timeout=120, stage=False, chans=False):
 
 def bf16_native():
     """Whether oneDNN may use bf16 instructions here (the processor has
-    avx512_bf16 or AMX, and no ONEDNN_MAX_CPU_ISA caps it below)."""
+    avx512_bf16 or AMX, and neither GPIPE_CPU_ISA nor ONEDNN_MAX_CPU_ISA caps
+    it below)."""
     if os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA"):
+        return False
+    if os.environ.get("GPIPE_CPU_ISA", "native") not in ("native", "", "avx512_bf16", "amx"):
         return False
     try:
         with open("/proc/cpuinfo") as f:

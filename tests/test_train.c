@@ -10,6 +10,7 @@
 
 #include "gpipe.h"
 
+#include "backend/cpu/cpu_impl.h" /* gp_cpu_isa_has */
 #include <oneapi/dnnl/dnnl.h>
 
 static gp_train_config base_cfg(void)
@@ -352,9 +353,7 @@ static void test_bf16_training(void)
     }
     for (int i = 0; i < B; i++) y[i] = (float)(i % 10);
     double loss[2][STEPS];
-    bool native = ((unsigned)dnnl_get_effective_cpu_isa() &
-                   (unsigned)dnnl_cpu_isa_avx512_core_bf16) ==
-                  (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+    bool native = gp_cpu_isa_has(dnnl_cpu_isa_avx512_core_bf16); /* GPIPE_CPU_ISA's */
     for (int pr = 0; pr < 2; pr++) {
         const char *set = pr ? "train.precision=bf16" : "train.precision=fp32";
         gp_status st = gpt_run_losses(yaml, &set, 1, x, y, B, STEPS, loss[pr]);

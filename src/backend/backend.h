@@ -1468,6 +1468,12 @@ typedef struct gp_device_opts {
                              cuDNN's heuristics, deterministic only) instead
                              of the fastest measured; CPU devices are
                              deterministic either way */
+    bool plan;            /* opened to be asked (layouts, slots, workspaces:
+                             --dry-run's summary), never to run: a precision
+                             this processor cannot run (bf16 without bf16
+                             instructions) is taken as asked, so the plan is
+                             that of a processor that can, where an open to
+                             run refuses it */
 } gp_device_opts;
 
 /* Parse "cpu:0", "cpu", "cuda:1" into kind and index. */
@@ -1501,6 +1507,15 @@ gp_status gp_device_new(const gp_device_iface *iface, gp_device_kind kind, int i
  * processor (cpu/cpu_impl.h, GP_CPU_LOOPS): "AVX-512 (x86-64-v4)", "AVX2
  * (x86-64-v3)" or "x86-64 baseline". */
 const char *gp_cpu_loops_isa(void);
+/* The instruction set CPU devices compute in (cpu/cpu_isa.c): the
+ * processor's as far as the one switch, GPIPE_CPU_ISA (or oneDNN's
+ * ONEDNN_MAX_CPU_ISA), lets it: "SSE4.1", "AVX2", "AVX-512", "AVX-512 +
+ * bf16", "AVX-512 + bf16 + AMX".  Every choice gpipe makes from the
+ * processor (bf16, layouts, attention's width) follows it. */
+const char *gp_cpu_isa_name(void);
+/* "GPIPE_CPU_ISA" or "ONEDNN_MAX_CPU_ISA" where one of them caps the set,
+ * else NULL. */
+const char *gp_cpu_isa_switch(void);
 gp_status gp_cpu_device_create(int index, const gp_device_opts *opts,
                                gp_device **out);
 /* The CUDA backend's constructor (backend/cuda; only in builds with

@@ -1358,7 +1358,7 @@ bool gp_layers_add_norm(const gp_layer *layers, int count, int c, const bool *in
     const gp_layer *a = &layers[c], *n = &layers[c + 1];
     return a->spec.type == GP_LAYER_ADD && a->n_in == 2 && a->ops->dx_all_dy &&
            a->ops->dx_all_dy(a) && n->spec.type == GP_LAYER_LAYER_NORM && n->n_in == 1 &&
-           !inplace[c + 1] && a->dev == n->dev && a->out_dtype == n->out_dtype &&
+           !inplace[c + 1] && a->dev && a->dev == n->dev && a->out_dtype == n->out_dtype &&
            gp_dev_add_norm_has(a->dev, a->out_dtype);
 }
 
@@ -1418,7 +1418,7 @@ bool gp_layers_linear_gelu(const gp_layer *layers, int count, int c, const bool 
     const gp_layer *a = &layers[c], *g = &layers[c + 1];
     return a->spec.type == GP_LAYER_LINEAR && a->n_in == 1 && !a->spec.stash[0] &&
            !a->relu_after && g->spec.type == GP_LAYER_GELU && g->n_in == 1 && !inplace[c + 1] &&
-           a->dev == g->dev && a->out_dtype == g->out_dtype &&
+           a->dev && a->dev == g->dev && a->out_dtype == g->out_dtype &&
            gp_dev_linear_gelu_has(a->dev, a->out_dtype);
 }
 

@@ -690,7 +690,10 @@ gp_status gp_layer_backward_weights(gp_layer *l, const gp_fwd_ctx *ctx, const gp
  * llm.c's fused residual forward): whether layers[c] is an add without
  * projection and layers[c + 1] a layer norm that reads its sum alone
  * (no pops, not in place), on one device whose add_layer_norm_fwd takes
- * their element type.  GPIPE_FUSE_ADD_NORM=0 turns it off. */
+ * their element type.  GPIPE_FUSE_ADD_NORM=0 turns it off.  Layers of a
+ * model built as shapes (gp_model_build_meta, --dry-run) may have no
+ * device (dev NULL: one that cannot be opened here): no fusion then, as
+ * with every layout question (gp_layers_blocked). */
 bool gp_layers_add_norm(const gp_layer *layers, int count, int c, const bool *inplace);
 /* The pair's forward: y = the add of x (its main input and its pop), y2
  * = the norm of y with s2 the norm's saved statistics, as the two layers'
@@ -704,7 +707,8 @@ gp_status gp_layer_add_norm_forward(gp_layer *add, gp_layer *norm, const gp_fwd_
  * epilogue (issue 64, GPT-2's mlp.c_fc and mlp.gelu): whether layers[c]
  * is a linear layer (no stash, no pops) and layers[c + 1] a GELU reading
  * its output alone, on one device whose linear_gelu_fwd takes their
- * element type.  GPIPE_FUSE_GELU=0 turns it off (both directions). */
+ * element type.  GPIPE_FUSE_GELU=0 turns it off (both directions).  No
+ * device (dev NULL, gp_layers_add_norm): no fusion. */
 bool gp_layers_linear_gelu(const gp_layer *layers, int count, int c, const bool *inplace);
 /* The pair's forward: y = the linear's output (GELU's input), y2 = the
  * GELU of it, in one device call; *done as gp_layer_add_norm_forward's. */

@@ -701,14 +701,35 @@ static bool cores_shared(const gp_pipeline_config *pc, char *buf, size_t len)
     return true;
 }
 
+/* "CPU devices compute in AVX2 (GPIPE_CPU_ISA caps it); gpipe's loops
+ * in AVX2 (x86-64-v3)" into buf, for a run's log and --dry-run: the
+ * processor a CPU benchmark or bug report must name (false and "" where
+ * the config has no CPU device). */
+static bool cpu_isa_line(const gp_pipeline_config *pc, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    if (gp_pipeline_cpu_devices(pc) == 0) return false;
+    const char *cap = gp_cpu_isa_switch(), *loops = gp_cpu_loops_isa(), *isa = gp_cpu_isa_name();
+    /* the loops' clones are the loader's pick by cpuid (cpu_isa.c): the
+     * same bits as the capped set's, faster */
+    bool above = (!strncmp(loops, "AVX-512", 7) && strncmp(isa, "AVX-512", 7)) ||
+                 (!strncmp(loops, "AVX2", 4) && !strncmp(isa, "SSE", 3));
+    snprintf(buf, len, "CPU devices compute in %s%s%s%s; gpipe's loops in %s%s", isa,
+             cap ? " (" : "", cap ? cap : "", cap ? " caps it)" : "", loops,
+             above ? ", the processor's (the same bits; -DGPIPE_ISA_CLONES=3 builds no "
+                     "AVX-512 ones)" : "");
+    return true;
+}
+
 /* Open the config's devices.  CPU devices share the machine's cores: by
  * default each gets cores / devices threads (at least 1). */
 static gp_status open_devices(const gp_config *cfg, gp_device **devs)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
     int n = gp_pipeline_devices_total(&cfg->pipeline);
-    char shared[160];
+    char shared[160], isa[256];
     if (cores_shared(pc, shared, sizeof shared)) GP_WARN("%s", shared);
+    if (cpu_isa_line(pc, isa, sizeof isa)) GP_INFO("%s", isa);
     /* processes: this rank opens its own device; the others' are stand-ins
      * (a host device under their names: their layers are shapes only, and
      * nothing runs on them here), so a GPU is opened by its rank alone */
@@ -2095,18 +2116,36 @@ gp_status gp_train_convert(const gp_config *cfg, const gp_train_opts *opts)
 static void summary_devices(const gp_config *cfg, gp_device **devs, FILE *f)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
-    char names[512] = "", why[512] = "";
-    int missing = 0;
+    char names[512] = "", why[512] = "", planned[512] = "", plan_why[512] = "";
+    int missing = 0, n_planned = 0;
     for (int j = 0; j < pc->n_devices; j++) {
         const gp_device_spec *ds = &pc->devices[j];
         gp_device_opts o = device_opts(cfg, j);
         if (gp_device_open(ds->name, &o, &devs[j]) == GP_OK) continue;
+        /* A device here that cannot run as configured (precision bf16 on a
+         * processor without bf16 instructions): planned as one that can,
+         * and said so; a run stops at start-up with the same reason. */
+        char cannot[512];
+        snprintf(cannot, sizeof cannot, "%s", gp_last_error());
+        gp_error_clear();
+        o.plan = true;
+        if (gp_device_open(ds->name, &o, &devs[j]) == GP_OK) {
+            size_t used = strlen(planned);
+            snprintf(planned + used, sizeof planned - used, "%s%s", n_planned ? ", " : "",
+                     ds->name);
+            if (!n_planned++) snprintf(plan_why, sizeof plan_why, "%s", cannot);
+            continue;
+        }
+        gp_error_clear();
         devs[j] = NULL;
         size_t used = strlen(names);
         snprintf(names + used, sizeof names - used, "%s%s", missing ? ", " : "", ds->name);
-        if (!missing++) snprintf(why, sizeof why, "%s", gp_last_error());
-        gp_error_clear();
+        if (!missing++) snprintf(why, sizeof why, "%s", cannot);
     }
+    if (n_planned)
+        fprintf(f, "note: %s cannot run this config on this machine (%s); the plan below is "
+                   "for a processor that can, and a run here stops at start-up\n", planned,
+                plan_why);
     if (missing)
         fprintf(f, "note: %s %s not available here (%s); the summary comes from the config "
                    "alone, without the layouts and pooling workspaces %s backend would choose\n",
@@ -2506,8 +2545,9 @@ static void summary_pipeline(const gp_config *cfg, FILE *f)
             pc->lockstep ? "lockstep" : "free-running",
             n > 1 && gp_config_bf16_copies(cfg) ? ", copies in bf16" : "",
             gp_config_act_dtype(cfg) == GP_BF16 ? ", activations in bf16" : "");
-    char shared[160];
+    char shared[160], isa[256];
     if (cores_shared(pc, shared, sizeof shared)) fprintf(f, "note: %s\n", shared); /* as a run */
+    if (cpu_isa_line(pc, isa, sizeof isa)) fprintf(f, "processor: %s\n", isa);
 }
 
 /* The optimizer's line: its settings, the rate the run starts from, and

@@ -72,16 +72,16 @@
 /* Below this many score evaluations (b heads t^2 / 2) one thread runs it. */
 #define ATT_PAR_MIN 65536
 
-/* The 16-wide kernels on a processor with AVX-512 (where the build has
- * them), else the 8-wide ones: the same bits either way. */
+/* The 16-wide kernels where CPU devices run AVX-512 (gp_cpu_isa_has: the
+ * processor's, as GPIPE_CPU_ISA caps it) and the build has them, else the
+ * 8-wide ones: the same bits either way. */
 static bool att_wide(void)
 {
     static int wide = -1;
     int w = __atomic_load_n(&wide, __ATOMIC_RELAXED);
     if (w < 0) {
-        __builtin_cpu_init();
         const char *force = getenv("GPIPE_ATTN_WIDTH"); /* 8: the narrow ones anyway */
-        w = gp_cpu_att_w16_built() && __builtin_cpu_supports("avx512f") &&
+        w = gp_cpu_att_w16_built() && gp_cpu_isa_has(dnnl_cpu_isa_avx512_core) &&
             !(force && !strcmp(force, "8"));
         __atomic_store_n(&wide, w, __ATOMIC_RELAXED);
     }

@@ -360,6 +360,7 @@ gp_status gp_cpu_device_create(int index, const gp_device_opts *opts, gp_device 
     }
     dev->ctx = ctx;
     dev->on_weights_thaw = gp_cpu_weights_thaw;
+    gp_cpu_isa_init(); /* GPIPE_CPU_ISA, before oneDNN's first kernel */
     pthread_mutex_init(&ctx->bins_lock, NULL);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     dev->threads = opts->threads > 0 ? opts->threads : (cores > 0 ? (int)cores : 1);
@@ -367,22 +368,13 @@ gp_status gp_cpu_device_create(int index, const gp_device_opts *opts, gp_device 
     if (opts->precision == GP_PRECISION_BF16) {
         /* oneDNN's bf16 kernels need the instructions (vdpbf16ps or AMX);
          * without them it would emulate bf16, slower than fp32 */
-        if (!gp_cpu_isa_has(dnnl_cpu_isa_avx512_core_bf16)) {
-            dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-            static const struct {
-                dnnl_cpu_isa_t isa;
-                const char *name;
-            } names[] = {{dnnl_cpu_isa_sse41, "SSE4.1"}, {dnnl_cpu_isa_avx, "AVX"},
-                         {dnnl_cpu_isa_avx2, "AVX2"}, {dnnl_cpu_isa_avx2_vnni, "AVX2 + VNNI"},
-                         {dnnl_cpu_isa_avx512_core, "AVX-512"},
-                         {dnnl_cpu_isa_avx512_core_vnni, "AVX-512 + VNNI"}};
-            const char *name = "an older instruction set";
-            for (size_t q = 0; q < sizeof names / sizeof *names; q++)
-                if (names[q].isa == isa) name = names[q].name;
+        if (!gp_cpu_isa_has(dnnl_cpu_isa_avx512_core_bf16) && !opts->plan) {
+            const char *cap = gp_cpu_isa_switch();
+            char capped[96] = "";
+            if (cap) snprintf(capped, sizeof capped, " (%s caps it)", cap);
             st = gp_error_set(GP_ERR_UNSUPPORTED, "precision bf16 needs a processor with bf16 "
-                              "instructions (avx512_bf16 or AMX), and oneDNN finds %s here "
-                              "(ONEDNN_MAX_CPU_ISA may cap it); use train.precision: fp32",
-                              name);
+                              "instructions (avx512_bf16 or AMX), and CPU devices run %s "
+                              "here%s; use train.precision: fp32", gp_cpu_isa_name(), capped);
             goto fail;
         }
         ctx->bf16 = true;

@@ -352,14 +352,15 @@ void gp_cpu_cache_destroy(gp_cpu_ctx *ctx);
 /* act_block (backend.h), and the block it says on this processor. */
 int64_t gp_cpu_act_block(gp_device *dev, const gp_conv_desc *d, bool output);
 int64_t gp_cpu_isa_block(void);
-/* Whether the instruction set oneDNN runs (as far as ONEDNN_MAX_CPU_ISA
- * lets it) includes `want` (a dnnl_cpu_isa_* value: each includes the
- * bits of those below it). */
-static inline bool gp_cpu_isa_has(dnnl_cpu_isa_t want)
-{
-    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
-    return (isa & (unsigned)want) == (unsigned)want;
-}
+/* The instruction set switch (cpu_isa.c): GPIPE_CPU_ISA applied to
+ * oneDNN once, before its first kernel (every CPU device's open calls
+ * it; so does gp_cpu_isa_has). */
+void gp_cpu_isa_init(void);
+/* Whether the instruction set CPU devices run (the processor's, as far as
+ * GPIPE_CPU_ISA or ONEDNN_MAX_CPU_ISA lets it) includes `want` (a
+ * dnnl_cpu_isa_* value: each includes the bits of those below it).  Every
+ * choice gpipe makes from the processor asks this, nothing else. */
+bool gp_cpu_isa_has(dnnl_cpu_isa_t want);
 /* For tests: how many of the activation operands (x / dx, y / dy) of each
  * of the three primitives of convolution d (forward, backward-data,
  * backward-weights; built if they are not) go through a reorder: 0 when
