@@ -7,7 +7,8 @@
 #   scripts/install-deps.sh --ci       also what CI needs (sanitizer runtimes,
 #                                      clang and its OpenMP for the fuzzers,
 #                                      Debian's PyTorch for test_gpt_parity's
-#                                      twin)
+#                                      twin, QEMU's user mode for the other
+#                                      processors' stage, tests/test_qemu.py)
 #   scripts/install-deps.sh --bench    also the benchmarks' peers: Debian's
 #                                      PyTorch and torchvision, and OpenBLAS
 #                                      (without libopenblas0-pthread PyTorch's
@@ -23,7 +24,7 @@ pkgs=(cmake make gcc g++ pkgconf libyaml-dev libprotobuf-c-dev protobuf-c-compil
       dataset-fashion-mnist)
 for arg in "$@"; do
   case "$arg" in
-    --ci) pkgs+=(clang libclang-rt-14-dev libomp-14-dev python3-torch) ;;
+    --ci) pkgs+=(clang libclang-rt-14-dev libomp-14-dev python3-torch qemu-user) ;;
     --bench) pkgs+=(python3-torch python3-torchvision python3-yaml libopenblas0-pthread) ;;
     *) echo "usage: scripts/install-deps.sh [--ci] [--bench]" >&2; exit 2 ;;
   esac

@@ -727,9 +727,8 @@ static gp_status open_devices(const gp_config *cfg, gp_device **devs)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
     int n = gp_pipeline_devices_total(&cfg->pipeline);
-    char shared[160], isa[256];
+    char shared[160];
     if (cores_shared(pc, shared, sizeof shared)) GP_WARN("%s", shared);
-    if (cpu_isa_line(pc, isa, sizeof isa)) GP_INFO("%s", isa);
     /* processes: this rank opens its own device; the others' are stand-ins
      * (a host device under their names: their layers are shapes only, and
      * nothing runs on them here), so a GPU is opened by its rank alone */
@@ -1442,6 +1441,8 @@ static void run_plan(train_run *r)
                 "%d micro-batch%s%s", (long long)gp_model_param_count(mp), dev0,
                 n_dev > 1 ? " and more (pipelined)" : "", span, (long long)per_epoch,
                 (long long)tc->batch_size, chunks, chunks == 1 ? "" : "es", prec);
+        char isa[256]; /* what a CPU benchmark or bug report must name */
+        if (cpu_isa_line(&cfg->pipeline, isa, sizeof isa)) GP_INFO("%s", isa);
     }
     if (!opts->quiet)
         GP_INFO("data: %s, %lld samples; test: %lld samples", r->train.source,
