@@ -73,10 +73,11 @@ static inline void gp_bench_model_batch(const gp_model *m, int64_t b, float **x,
 }
 
 /* The processor, for every table of CPU numbers: "Intel(R) Xeon(R) ...
- * (avx2, avx512f)" from /proc/cpuinfo's first model name and flags, and
- * "; oneDNN limited to AVX2" when ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA)
- * caps the instruction set oneDNN's kernels may use (bench_cpu_peer.py
- * --isa avx2 runs an AVX-512 machine that way), then the instruction set
+ * (avx2, avx512f)" from /proc/cpuinfo's first model name and flags, then
+ * "; CPU devices compute in AVX2 (capped by GPIPE_CPU_ISA)": the set
+ * oneDNN's kernels and gpipe's choices use, and the switch that caps it
+ * (bench_cpu_peer.py --isa avx2 runs an AVX-512 machine that way), then the
+ * instruction set
  * gpipe's own loops picked (gp_cpu_loops_isa; a build with
  * -DGPIPE_ISA_CLONES=3 stops at AVX2). */
 static inline void gp_bench_cpu_name(char *buf, size_t len)
@@ -107,12 +108,13 @@ static inline void gp_bench_cpu_name(char *buf, size_t len)
     size_t l = strlen(buf);
     snprintf(buf + l, len - l, " (%s%s%s%s)", avx2 ? "avx2" : "no avx2", avx512 ? ", avx512f" : "",
              bf16 ? ", avx512_bf16" : "", amx ? ", amx" : "");
-    const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
-    if (!cap || !*cap) cap = getenv("DNNL_MAX_CPU_ISA");
-    if (cap && *cap) {
-        l = strlen(buf);
-        snprintf(buf + l, len - l, "; oneDNN limited to %s", cap);
-    }
+    /* what CPU devices compute in: the processor's, or GPIPE_CPU_ISA's /
+     * ONEDNN_MAX_CPU_ISA's cap (cpu_isa.c), which moves oneDNN and every
+     * choice gpipe makes from the processor together */
+    const char *cap = gp_cpu_isa_switch();
+    l = strlen(buf);
+    snprintf(buf + l, len - l, "; CPU devices compute in %s%s%s%s", gp_cpu_isa_name(),
+             cap ? " (capped by " : "", cap ? cap : "", cap ? ")" : "");
     l = strlen(buf);
     snprintf(buf + l, len - l, "; gpipe's loops in %s", gp_cpu_loops_isa());
 }
