@@ -36,6 +36,22 @@
 #endif
 
 
+/*
+ * GP_CPU_TEAM(nt, cond): opens an OpenMP team of nt threads (one thread
+ * where cond is false) for the next statement, whose loops are orphaned
+ * `#pragma omp for schedule(static)` in always_inline helpers.  Why not the
+ * helper's own `parallel for`: GCC outlines a parallel region into a
+ * function of its own before it makes GP_CPU_LOOPS's clones, so a region
+ * written in a static helper became a baseline-only function (SSE2) that
+ * every clone called: layer and RMS norms, RoPE, embeddings, bias sums,
+ * dropout and upsampling ran without AVX2 or AVX-512 (issue 76).  Opened
+ * in the GP_CPU_LOOPS function itself, the region is outlined from each
+ * clone and built for its instruction set.  The iterations go to the
+ * threads as before (static schedule), so the bits are those of before.
+ */
+#define GP_CPU_PRAGMA(x) _Pragma(#x)
+#define GP_CPU_TEAM(nt, cond) GP_CPU_PRAGMA(omp parallel num_threads(nt) if (cond))
+
 #include "backend/backend.h"
 
 #include "backend/elementwise.h"

@@ -327,11 +327,11 @@ gp_status gp_cpu_linear_fwd(gp_device *dev, int64_t n, int64_t out, int64_t in, 
 /* One body for both storage types (B16_LD): db += dy's column sums (over:
  * db = them, the fresh step's fill and sums in one pass). */
 static inline __attribute__((always_inline)) void
-sum_rows_to(int nt, const void *dy, float *db, int64_t rows, int64_t cols, const bool b16,
+sum_rows_to(const void *dy, float *db, int64_t rows, int64_t cols, const bool b16,
             bool over)
 {
     int64_t blocks = (cols + CPU_SUM_COLS - 1) / CPU_SUM_COLS;
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= CPU_PAR_MIN)
+#pragma omp for schedule(static) /* the team: the caller's GP_CPU_TEAM */
     for (int64_t b = 0; b < blocks; b++) {
         int64_t j0 = b * CPU_SUM_COLS;
         int64_t nj = cols - j0 < CPU_SUM_COLS ? cols - j0 : CPU_SUM_COLS;
@@ -343,24 +343,28 @@ sum_rows_to(int nt, const void *dy, float *db, int64_t rows, int64_t cols, const
 }
 
 static inline __attribute__((always_inline)) void
-sum_rows(int nt, const void *dy, float *db, int64_t rows, int64_t cols, const bool b16)
+sum_rows(const void *dy, float *db, int64_t rows, int64_t cols, const bool b16)
 {
-    sum_rows_to(nt, dy, db, rows, cols, b16, false);
+    sum_rows_to(dy, db, rows, cols, b16, false);
 }
 
 GP_CPU_LOOPS
 void gp_cpu_col_sums(gp_device *dev, gp_dtype dt, const void *dy, float *db, int64_t rows,
                      int64_t cols, bool over)
 {
-    if (dt == GP_BF16) sum_rows_to(dev->threads, dy, db, rows, cols, true, over);
-    else sum_rows_to(dev->threads, dy, db, rows, cols, false, over);
+    GP_CPU_TEAM(dev->threads, rows * cols >= CPU_PAR_MIN)
+    {
+        if (dt == GP_BF16) sum_rows_to(dy, db, rows, cols, true, over);
+        else sum_rows_to(dy, db, rows, cols, false, over);
+    }
 }
 
 GP_CPU_LOOPS
 gp_status gp_cpu_sum_rows(gp_device *dev, const float *dy, float *db,
                           int64_t rows, int64_t cols)
 {
-    sum_rows(dev->threads, dy, db, rows, cols, false);
+    GP_CPU_TEAM(dev->threads, rows * cols >= CPU_PAR_MIN)
+    sum_rows(dy, db, rows, cols, false);
     return GP_OK;
 }
 
@@ -369,7 +373,8 @@ GP_CPU_LOOPS
 gp_status gp_cpu_sum_rows_bf16(gp_device *dev, const uint16_t *dy, float *db,
                                int64_t rows, int64_t cols)
 {
-    sum_rows(dev->threads, dy, db, rows, cols, true);
+    GP_CPU_TEAM(dev->threads, rows * cols >= CPU_PAR_MIN)
+    sum_rows(dy, db, rows, cols, true);
     return GP_OK;
 }
 
@@ -562,10 +567,10 @@ gp_status gp_cpu_dropout_mask(gp_device *dev, float *mask, int64_t n, float p,
 /* dropout_mask's chunks, multiplied into x as they are drawn: the mask
  * lives in a chunk on the stack, never in memory of its own. */
 static inline __attribute__((always_inline)) void
-dropout_apply(int nt, const void *x, void *y, int64_t n, float p, uint64_t seed,
+dropout_apply(const void *x, void *y, int64_t n, float p, uint64_t seed,
               uint64_t stream, uint64_t first, const bool b16)
 {
-#pragma omp parallel for schedule(static) num_threads(nt) if (n >= CPU_PAR_MIN)
+#pragma omp for schedule(static) /* the team: the caller's GP_CPU_TEAM */
     for (int64_t c0 = 0; c0 < n; c0 += CPU_DROPOUT_CHUNK) {
         float m[CPU_DROPOUT_CHUNK];
         int64_t len = n - c0 < CPU_DROPOUT_CHUNK ? n - c0 : CPU_DROPOUT_CHUNK;
@@ -579,7 +584,8 @@ GP_CPU_LOOPS
 gp_status gp_cpu_dropout_apply(gp_device *dev, const float *x, float *y, int64_t n, float p,
                                uint64_t seed, uint64_t stream, uint64_t first)
 {
-    dropout_apply(dev->threads, x, y, n, p, seed, stream, first, false);
+    GP_CPU_TEAM(dev->threads, n >= CPU_PAR_MIN)
+    dropout_apply(x, y, n, p, seed, stream, first, false);
     return GP_OK;
 }
 
@@ -587,7 +593,8 @@ GP_CPU_LOOPS
 gp_status gp_cpu_dropout_apply_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
                                     float p, uint64_t seed, uint64_t stream, uint64_t first)
 {
-    dropout_apply(dev->threads, x, y, n, p, seed, stream, first, true);
+    GP_CPU_TEAM(dev->threads, n >= CPU_PAR_MIN)
+    dropout_apply(x, y, n, p, seed, stream, first, true);
     return GP_OK;
 }
 
@@ -659,10 +666,10 @@ ln_fwd_row(const void *x, const float *w, const float *b, void *y, float *mean, 
 }
 
 static inline __attribute__((always_inline)) void
-ln_fwd(int nt, const void *x, const float *w, const float *b, void *y, float *mean, float *rstd,
+ln_fwd(const void *x, const float *w, const float *b, void *y, float *mean, float *rstd,
        int64_t rows, int64_t c, float eps, const bool b16)
 {
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+#pragma omp for schedule(static) /* the team: the caller's GP_CPU_TEAM */
     for (int64_t r = 0; r < rows; r++) ln_fwd_row(x, w, b, y, mean, rstd, r, c, eps, b16);
 }
 
@@ -670,10 +677,10 @@ ln_fwd(int nt, const void *x, const float *w, const float *b, void *y, float *me
  * add_bf16's bits), then the norm of that row as ln_fwd reads it, while it
  * is in cache: one pass over the activations instead of two. */
 static inline __attribute__((always_inline)) void
-add_ln_fwd(int nt, const void *a, const void *bs, void *s, const float *w, const float *b,
+add_ln_fwd(const void *a, const void *bs, void *s, const float *w, const float *b,
            void *y, float *mean, float *rstd, int64_t rows, int64_t c, float eps, const bool b16)
 {
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+#pragma omp for schedule(static) /* the team: the caller's GP_CPU_TEAM */
     for (int64_t r = 0; r < rows; r++) {
         const int64_t o = r * c;
 #pragma omp simd
@@ -686,10 +693,10 @@ add_ln_fwd(int nt, const void *a, const void *bs, void *s, const float *w, const
  * dx's type into dx (bf16: the gradient rounded first, the sum in FP32
  * rounded once). */
 static inline __attribute__((always_inline)) void
-ln_bwd_data(int nt, const void *x, const float *w, const float *mean, const float *rstd,
+ln_bwd_data(const void *x, const float *w, const float *mean, const float *rstd,
             const void *dy, void *dx, int64_t rows, int64_t c, const bool b16, const bool acc)
 {
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+#pragma omp for schedule(static) /* the team: the caller's GP_CPU_TEAM */
     for (int64_t r = 0; r < rows; r++) {
         const int64_t o = r * c, cw = c / LN_LANES * LN_LANES;
         float mf = mean[r], rs = rstd[r];
@@ -729,11 +736,11 @@ ln_bwd_data(int nt, const void *x, const float *w, const float *mean, const floa
 #define LN_COLS 64
 
 static inline __attribute__((always_inline)) void
-ln_bwd_weights(int nt, const void *x, const float *mean, const float *rstd, const void *dy,
+ln_bwd_weights(const void *x, const float *mean, const float *rstd, const void *dy,
                float *dw, float *db, int64_t rows, int64_t c, const bool b16)
 {
     const int64_t blocks = (c + LN_COLS - 1) / LN_COLS;
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+#pragma omp for schedule(static) /* the team: the caller's GP_CPU_TEAM */
     for (int64_t bk = 0; bk < blocks; bk++) {
         const int64_t j0 = bk * LN_COLS, nj = c - j0 < LN_COLS ? c - j0 : LN_COLS;
         double sw[LN_COLS] = {0}, sb[LN_COLS] = {0};
@@ -759,7 +766,8 @@ gp_status gp_cpu_layer_norm_fwd(gp_device *dev, const float *x, const float *w, 
                                 float *y, float *mean, float *rstd, int64_t rows, int64_t c,
                                 float eps)
 {
-    ln_fwd(dev->threads, x, w, b, y, mean, rstd, rows, c, eps, false);
+    GP_CPU_TEAM(dev->threads, rows * c >= CPU_PAR_MIN)
+    ln_fwd(x, w, b, y, mean, rstd, rows, c, eps, false);
     return GP_OK;
 }
 
@@ -768,7 +776,8 @@ gp_status gp_cpu_layer_norm_bwd_data(gp_device *dev, const float *x, const float
                                      const float *mean, const float *rstd, const float *dy,
                                      float *dx, int64_t rows, int64_t c)
 {
-    ln_bwd_data(dev->threads, x, w, mean, rstd, dy, dx, rows, c, false, false);
+    GP_CPU_TEAM(dev->threads, rows * c >= CPU_PAR_MIN)
+    ln_bwd_data(x, w, mean, rstd, dy, dx, rows, c, false, false);
     return GP_OK;
 }
 
@@ -777,7 +786,8 @@ gp_status gp_cpu_layer_norm_bwd_weights(gp_device *dev, const float *x, const fl
                                         const float *rstd, const float *dy, float *dw,
                                         float *db, int64_t rows, int64_t c)
 {
-    ln_bwd_weights(dev->threads, x, mean, rstd, dy, dw, db, rows, c, false);
+    GP_CPU_TEAM(dev->threads, rows * c >= CPU_PAR_MIN)
+    ln_bwd_weights(x, mean, rstd, dy, dw, db, rows, c, false);
     return GP_OK;
 }
 
@@ -786,7 +796,8 @@ gp_status gp_cpu_layer_norm_fwd_bf16(gp_device *dev, const uint16_t *x, const fl
                                      const float *b, uint16_t *y, float *mean, float *rstd,
                                      int64_t rows, int64_t c, float eps)
 {
-    ln_fwd(dev->threads, x, w, b, y, mean, rstd, rows, c, eps, true);
+    GP_CPU_TEAM(dev->threads, rows * c >= CPU_PAR_MIN)
+    ln_fwd(x, w, b, y, mean, rstd, rows, c, eps, true);
     return GP_OK;
 }
 
@@ -796,7 +807,8 @@ gp_status gp_cpu_layer_norm_bwd_data_bf16(gp_device *dev, const uint16_t *x, con
                                           const uint16_t *dy, uint16_t *dx, int64_t rows,
                                           int64_t c)
 {
-    ln_bwd_data(dev->threads, x, w, mean, rstd, dy, dx, rows, c, true, false);
+    GP_CPU_TEAM(dev->threads, rows * c >= CPU_PAR_MIN)
+    ln_bwd_data(x, w, mean, rstd, dy, dx, rows, c, true, false);
     return GP_OK;
 }
 
@@ -806,7 +818,8 @@ gp_status gp_cpu_layer_norm_bwd_weights_bf16(gp_device *dev, const uint16_t *x,
                                              const uint16_t *dy, float *dw, float *db,
                                              int64_t rows, int64_t c)
 {
-    ln_bwd_weights(dev->threads, x, mean, rstd, dy, dw, db, rows, c, true);
+    GP_CPU_TEAM(dev->threads, rows * c >= CPU_PAR_MIN)
+    ln_bwd_weights(x, mean, rstd, dy, dw, db, rows, c, true);
     return GP_OK;
 }
 
@@ -815,10 +828,10 @@ gp_status gp_cpu_layer_norm_bwd_weights_bf16(gp_device *dev, const uint16_t *x,
  * columns per task ---------------------------------------------------------- */
 
 static inline __attribute__((always_inline)) void
-rms_fwd(int nt, const void *x, const float *w, void *y, float *rstd, int64_t rows, int64_t c,
+rms_fwd(const void *x, const float *w, void *y, float *rstd, int64_t rows, int64_t c,
         float eps, const bool b16)
 {
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+#pragma omp for schedule(static) /* the team: the caller's GP_CPU_TEAM */
     for (int64_t r = 0; r < rows; r++) {
         const int64_t o = r * c, cw = c / LN_LANES * LN_LANES;
         double s[LN_LANES] = {0};
@@ -840,10 +853,10 @@ rms_fwd(int nt, const void *x, const float *w, void *y, float *rstd, int64_t row
 }
 
 static inline __attribute__((always_inline)) void
-rms_bwd_data(int nt, const void *x, const float *w, const float *rstd, const void *dy, void *dx,
+rms_bwd_data(const void *x, const float *w, const float *rstd, const void *dy, void *dx,
              int64_t rows, int64_t c, const bool b16)
 {
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+#pragma omp for schedule(static) /* the team: the caller's GP_CPU_TEAM */
     for (int64_t r = 0; r < rows; r++) {
         const int64_t o = r * c, cw = c / LN_LANES * LN_LANES;
         float rs = rstd[r];
@@ -863,11 +876,11 @@ rms_bwd_data(int nt, const void *x, const float *w, const float *rstd, const voi
 }
 
 static inline __attribute__((always_inline)) void
-rms_bwd_weights(int nt, const void *x, const float *rstd, const void *dy, float *dw, int64_t rows,
+rms_bwd_weights(const void *x, const float *rstd, const void *dy, float *dw, int64_t rows,
                 int64_t c, const bool b16)
 {
     const int64_t blocks = (c + LN_COLS - 1) / LN_COLS;
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+#pragma omp for schedule(static) /* the team: the caller's GP_CPU_TEAM */
     for (int64_t bk = 0; bk < blocks; bk++) {
         const int64_t j0 = bk * LN_COLS, nj = c - j0 < LN_COLS ? c - j0 : LN_COLS;
         double sw[LN_COLS] = {0};
@@ -886,8 +899,11 @@ GP_CPU_LOOPS
 gp_status gp_cpu_rms_norm_fwd(gp_device *dev, gp_dtype dt, const void *x, const float *w, void *y,
                               float *rstd, int64_t rows, int64_t c, float eps)
 {
-    if (dt == GP_BF16) rms_fwd(dev->threads, x, w, y, rstd, rows, c, eps, true);
-    else rms_fwd(dev->threads, x, w, y, rstd, rows, c, eps, false);
+    GP_CPU_TEAM(dev->threads, rows * c >= CPU_PAR_MIN)
+    {
+        if (dt == GP_BF16) rms_fwd(x, w, y, rstd, rows, c, eps, true);
+        else rms_fwd(x, w, y, rstd, rows, c, eps, false);
+    }
     return GP_OK;
 }
 
@@ -896,8 +912,11 @@ gp_status gp_cpu_rms_norm_bwd_data(gp_device *dev, gp_dtype dt, const void *x, c
                                    const float *rstd, const void *dy, void *dx, int64_t rows,
                                    int64_t c)
 {
-    if (dt == GP_BF16) rms_bwd_data(dev->threads, x, w, rstd, dy, dx, rows, c, true);
-    else rms_bwd_data(dev->threads, x, w, rstd, dy, dx, rows, c, false);
+    GP_CPU_TEAM(dev->threads, rows * c >= CPU_PAR_MIN)
+    {
+        if (dt == GP_BF16) rms_bwd_data(x, w, rstd, dy, dx, rows, c, true);
+        else rms_bwd_data(x, w, rstd, dy, dx, rows, c, false);
+    }
     return GP_OK;
 }
 
@@ -906,8 +925,11 @@ gp_status gp_cpu_rms_norm_bwd_weights(gp_device *dev, gp_dtype dt, const void *x
                                       const float *rstd, const void *dy, float *dw, int64_t rows,
                                       int64_t c)
 {
-    if (dt == GP_BF16) rms_bwd_weights(dev->threads, x, rstd, dy, dw, rows, c, true);
-    else rms_bwd_weights(dev->threads, x, rstd, dy, dw, rows, c, false);
+    GP_CPU_TEAM(dev->threads, rows * c >= CPU_PAR_MIN)
+    {
+        if (dt == GP_BF16) rms_bwd_weights(x, rstd, dy, dw, rows, c, true);
+        else rms_bwd_weights(x, rstd, dy, dw, rows, c, false);
+    }
     return GP_OK;
 }
 
@@ -916,11 +938,11 @@ gp_status gp_cpu_rms_norm_bwd_weights(gp_device *dev, gp_dtype dt, const void *x
 /* The t positions' cosines and sines (t x d/2 each) once a call, then
  * every sequence and head turned by them. */
 static inline __attribute__((always_inline)) void
-rope_rows(int nt, const gp_rope_desc *d, bool inverse, const void *x, void *y, const float *cs,
+rope_rows(const gp_rope_desc *d, bool inverse, const void *x, void *y, const float *cs,
           const bool b16)
 {
     const int64_t half = d->d / 2, rot = d->heads * d->d, n = d->rows * d->t;
-#pragma omp parallel for schedule(static) num_threads(nt) if (n * d->width >= CPU_PAR_MIN)
+#pragma omp for schedule(static) /* the team: the caller's GP_CPU_TEAM */
     for (int64_t r = 0; r < n; r++) {
         const float *c = cs + (r % d->t) * 2 * half, *s = c + half;
         const int64_t o = r * d->width;
@@ -940,6 +962,7 @@ rope_rows(int nt, const gp_rope_desc *d, bool inverse, const void *x, void *y, c
     }
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_rope(gp_device *dev, gp_dtype dt, const gp_rope_desc *d, bool inverse,
                       const void *x, void *y)
 {
@@ -950,8 +973,11 @@ gp_status gp_cpu_rope(gp_device *dev, gp_dtype dt, const gp_rope_desc *d, bool i
         for (int64_t i = 0; i < half; i++)
             gp_ew_rope_cs(d->pos0 + p, d->inv_freq[i], &cs[p * 2 * half + i],
                           &cs[p * 2 * half + half + i]);
-    if (dt == GP_BF16) rope_rows(dev->threads, d, inverse, x, y, cs, true);
-    else rope_rows(dev->threads, d, inverse, x, y, cs, false);
+    GP_CPU_TEAM(dev->threads, d->rows * d->t * d->width >= CPU_PAR_MIN)
+    {
+        if (dt == GP_BF16) rope_rows(d, inverse, x, y, cs, true);
+        else rope_rows(d, inverse, x, y, cs, false);
+    }
     free(cs);
     return GP_OK;
 }
@@ -1038,8 +1064,11 @@ gp_status gp_cpu_add_layer_norm_fwd(gp_device *dev, gp_dtype dt, const void *a, 
                                     void *s, const float *w, const float *bias, void *y,
                                     float *mean, float *rstd, int64_t rows, int64_t c, float eps)
 {
-    if (dt == GP_BF16) add_ln_fwd(dev->threads, a, b, s, w, bias, y, mean, rstd, rows, c, eps, true);
-    else add_ln_fwd(dev->threads, a, b, s, w, bias, y, mean, rstd, rows, c, eps, false);
+    GP_CPU_TEAM(dev->threads, rows * c >= CPU_PAR_MIN)
+    {
+        if (dt == GP_BF16) add_ln_fwd(a, b, s, w, bias, y, mean, rstd, rows, c, eps, true);
+        else add_ln_fwd(a, b, s, w, bias, y, mean, rstd, rows, c, eps, false);
+    }
     return GP_OK;
 }
 
@@ -1048,18 +1077,21 @@ gp_status gp_cpu_layer_norm_bwd_data_add(gp_device *dev, gp_dtype dt, const void
                                          const float *w, const float *mean, const float *rstd,
                                          const void *dy, void *dx, int64_t rows, int64_t c)
 {
-    if (dt == GP_BF16) ln_bwd_data(dev->threads, x, w, mean, rstd, dy, dx, rows, c, true, true);
-    else ln_bwd_data(dev->threads, x, w, mean, rstd, dy, dx, rows, c, false, true);
+    GP_CPU_TEAM(dev->threads, rows * c >= CPU_PAR_MIN)
+    {
+        if (dt == GP_BF16) ln_bwd_data(x, w, mean, rstd, dy, dx, rows, c, true, true);
+        else ln_bwd_data(x, w, mean, rstd, dy, dx, rows, c, false, true);
+    }
     return GP_OK;
 }
 
 /* ---- Transformer: token and position embeddings --------------------------- */
 
 static inline __attribute__((always_inline)) void
-embed_fwd(int nt, const float *ids, const float *wte, const float *wpe, void *y, int64_t rows,
+embed_fwd(const float *ids, const float *wte, const float *wpe, void *y, int64_t rows,
           int64_t t, int64_t c, const bool b16)
 {
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * c >= CPU_PAR_MIN)
+#pragma omp for schedule(static) /* the team: the caller's GP_CPU_TEAM */
     for (int64_t r = 0; r < rows; r++) {
         const float *e = wte + (int64_t)ids[r] * c;
         if (!wpe) { /* no position table (Llama's rotary positions) */
@@ -1071,6 +1103,7 @@ embed_fwd(int nt, const float *ids, const float *wte, const float *wpe, void *y,
     }
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_embed_fwd(gp_device *dev, const float *ids, const float *wte, const float *wpe,
                            gp_dtype dt, void *y, int64_t n, int64_t t, int64_t c, int64_t vocab,
                            int64_t *bad)
@@ -1082,19 +1115,22 @@ gp_status gp_cpu_embed_fwd(gp_device *dev, const float *ids, const float *wte, c
             *bad = r;
             return GP_OK;
         }
-    if (dt == GP_BF16) embed_fwd(dev->threads, ids, wte, wpe, y, rows, t, c, true);
-    else embed_fwd(dev->threads, ids, wte, wpe, y, rows, t, c, false);
+    GP_CPU_TEAM(dev->threads, rows * c >= CPU_PAR_MIN)
+    {
+        if (dt == GP_BF16) embed_fwd(ids, wte, wpe, y, rows, t, c, true);
+        else embed_fwd(ids, wte, wpe, y, rows, t, c, false);
+    }
     return GP_OK;
 }
 
 /* A block of columns per task, every row in order within it: two tasks
  * never add into the same element, and each sum has one order. */
 static inline __attribute__((always_inline)) void
-embed_bwd(int nt, const float *ids, const void *dy, float *dwte, float *dwpe, int64_t n,
+embed_bwd(const float *ids, const void *dy, float *dwte, float *dwpe, int64_t n,
           int64_t t, int64_t c, const bool b16)
 {
     const int64_t blk = 16, nb = (c + blk - 1) / blk;
-#pragma omp parallel for schedule(static) num_threads(nt) if (n * t * c >= CPU_PAR_MIN)
+#pragma omp for schedule(static) /* the team: the caller's GP_CPU_TEAM */
     for (int64_t b = 0; b < nb; b++) {
         int64_t j0 = b * blk, j1 = j0 + blk < c ? j0 + blk : c;
         for (int64_t r = 0; r < n * t; r++) {
@@ -1113,13 +1149,17 @@ embed_bwd(int nt, const float *ids, const void *dy, float *dwte, float *dwpe, in
     }
 }
 
+GP_CPU_LOOPS
 gp_status gp_cpu_embed_bwd(gp_device *dev, const float *ids, gp_dtype dt, const void *dy,
                            float *dwte, float *dwpe, int64_t n, int64_t t, int64_t c,
                            int64_t vocab)
 {
     (void)vocab; /* the rows' ids are in range (embed_fwd checked them) */
-    if (dt == GP_BF16) embed_bwd(dev->threads, ids, dy, dwte, dwpe, n, t, c, true);
-    else embed_bwd(dev->threads, ids, dy, dwte, dwpe, n, t, c, false);
+    GP_CPU_TEAM(dev->threads, n * t * c >= CPU_PAR_MIN)
+    {
+        if (dt == GP_BF16) embed_bwd(ids, dy, dwte, dwpe, n, t, c, true);
+        else embed_bwd(ids, dy, dwte, dwpe, n, t, c, false);
+    }
     return GP_OK;
 }
 
@@ -1206,10 +1246,10 @@ gp_status gp_cpu_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t *xy,
 
 /* Row r of x times s[r] (dropout2d), one body for both storage types. */
 static inline __attribute__((always_inline)) void
-mul_rows(int nt, const void *x, const float *s, void *y, int64_t rows, int64_t cols,
+mul_rows(const void *x, const float *s, void *y, int64_t rows, int64_t cols,
          const bool b16)
 {
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * cols >= CPU_PAR_MIN)
+#pragma omp for schedule(static) /* the team: the caller's GP_CPU_TEAM */
     for (int64_t r = 0; r < rows; r++) {
         const float f = s[r];
         const int64_t o = r * cols;
@@ -1222,7 +1262,8 @@ GP_CPU_LOOPS
 gp_status gp_cpu_mul_rows_bf16(gp_device *dev, const uint16_t *x, const float *s, uint16_t *y,
                                int64_t rows, int64_t cols)
 {
-    mul_rows(dev->threads, x, s, y, rows, cols, true);
+    GP_CPU_TEAM(dev->threads, rows * cols >= CPU_PAR_MIN)
+    mul_rows(x, s, y, rows, cols, true);
     return GP_OK;
 }
 
@@ -1230,7 +1271,8 @@ GP_CPU_LOOPS
 gp_status gp_cpu_mul_rows(gp_device *dev, const float *x, const float *s, float *y,
                           int64_t rows, int64_t cols)
 {
-    mul_rows(dev->threads, x, s, y, rows, cols, false);
+    GP_CPU_TEAM(dev->threads, rows * cols >= CPU_PAR_MIN)
+    mul_rows(x, s, y, rows, cols, false);
     return GP_OK;
 }
 

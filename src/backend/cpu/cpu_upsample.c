@@ -77,24 +77,24 @@ static inline __attribute__((always_inline)) void down_row_body(const void *dy, 
 
 /* Every input row of `rows` (n c h) forward, or every output row backward,
  * split among the threads by row. */
-static inline __attribute__((always_inline)) void up_rows(int nt, const void *x, void *y,
+static inline __attribute__((always_inline)) void up_rows(const void *x, void *y,
                                                           int64_t rows, int64_t w, int64_t s,
                                                           size_t es)
 {
     const int64_t ow = w * s;
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * ow * s >= CPU_UP_PAR_MIN)
+#pragma omp for schedule(static) /* the team: the caller's GP_CPU_TEAM */
     for (int64_t r = 0; r < rows; r++)
         up_row_es((const char *)x + (size_t)(r * w) * es, (char *)y + (size_t)(r * s * ow) * es,
                   w, s, ow, es);
 }
 
-static inline __attribute__((always_inline)) void down_rows(int nt, const void *dy, void *dx,
+static inline __attribute__((always_inline)) void down_rows(const void *dy, void *dx,
                                                             int64_t rows, int64_t w, int64_t s,
                                                             const bool b16)
 {
     const int64_t ow = w * s;
     const size_t es = b16 ? sizeof(uint16_t) : sizeof(float);
-#pragma omp parallel for schedule(static) num_threads(nt) if (rows * ow * s >= CPU_UP_PAR_MIN)
+#pragma omp for schedule(static) /* the team: the caller's GP_CPU_TEAM */
     for (int64_t r = 0; r < rows; r++)
         down_row_body((const char *)dy + (size_t)(r * s * ow) * es, (char *)dx + (size_t)(r * w) * es,
                       w, s, ow, b16);
@@ -104,7 +104,8 @@ GP_CPU_LOOPS
 gp_status gp_cpu_upsample_fwd(gp_device *dev, const float *x, float *y, int64_t n, int64_t c,
                               int64_t h, int64_t w, int64_t scale)
 {
-    up_rows(dev->threads, x, y, n * c * h, w, scale, sizeof(float));
+    GP_CPU_TEAM(dev->threads, n * c * h * w * scale * scale >= CPU_UP_PAR_MIN)
+    up_rows(x, y, n * c * h, w, scale, sizeof(float));
     return GP_OK;
 }
 
@@ -112,7 +113,8 @@ GP_CPU_LOOPS
 gp_status gp_cpu_upsample_bwd(gp_device *dev, const float *dy, float *dx, int64_t n,
                               int64_t c, int64_t h, int64_t w, int64_t scale)
 {
-    down_rows(dev->threads, dy, dx, n * c * h, w, scale, false);
+    GP_CPU_TEAM(dev->threads, n * c * h * w * scale * scale >= CPU_UP_PAR_MIN)
+    down_rows(dy, dx, n * c * h, w, scale, false);
     return GP_OK;
 }
 
@@ -120,7 +122,8 @@ GP_CPU_LOOPS
 gp_status gp_cpu_upsample_fwd_bf16(gp_device *dev, const uint16_t *x, uint16_t *y, int64_t n,
                                    int64_t c, int64_t h, int64_t w, int64_t scale)
 {
-    up_rows(dev->threads, x, y, n * c * h, w, scale, sizeof(uint16_t));
+    GP_CPU_TEAM(dev->threads, n * c * h * w * scale * scale >= CPU_UP_PAR_MIN)
+    up_rows(x, y, n * c * h, w, scale, sizeof(uint16_t));
     return GP_OK;
 }
 
@@ -128,6 +131,7 @@ GP_CPU_LOOPS
 gp_status gp_cpu_upsample_bwd_bf16(gp_device *dev, const uint16_t *dy, uint16_t *dx, int64_t n,
                                    int64_t c, int64_t h, int64_t w, int64_t scale)
 {
-    down_rows(dev->threads, dy, dx, n * c * h, w, scale, true);
+    GP_CPU_TEAM(dev->threads, n * c * h * w * scale * scale >= CPU_UP_PAR_MIN)
+    down_rows(dy, dx, n * c * h, w, scale, true);
     return GP_OK;
 }
