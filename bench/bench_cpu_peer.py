@@ -33,7 +33,8 @@ reported as samples/s with the ratio gpipe / PyTorch, and the processor.
 
 --isa avx2 runs both sides as an AVX2-only processor would: oneDNN (both
 gpipe's and PyTorch's mkldnn) limited by ONEDNN_MAX_CPU_ISA=AVX2, OpenBLAS
-by OPENBLAS_CORETYPE=Haswell, ATen's vectorised kernels by
+by OPENBLAS_CORETYPE=Haswell, MKL (PyPI torch's products) by
+MKL_ENABLE_INSTRUCTIONS=AVX2, ATen's vectorised kernels by
 ATEN_CPU_CAPABILITY=avx2, and gpipe's own loops (built in AVX-512, AVX2
 and baseline versions, picked at load time) from a build that stops at
 AVX2 (--bin of a build with -DGPIPE_ISA_CLONES=3; the script refuses a
@@ -62,7 +63,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 AVX2_ENV = {"GPIPE_CPU_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2",
-            "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2"}
+            "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2",
+            "MKL_ENABLE_INSTRUCTIONS": "AVX2"}  # the last: PyPI torch's products are MKL's
 
 
 def native_blas_core():

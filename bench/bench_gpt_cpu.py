@@ -6,7 +6,7 @@ bar: configs/tiny-gpt.yaml at least 1.2x PyTorch 2.x, FP32 and bf16; issue
 
     <python> bench/bench_gpt_cpu.py [--config configs/tiny-gpt.yaml]
         [--steps 20] [--threads 2] [--rounds 2] [--precision fp32|bf16]
-        [--attention fused|plain]
+        [--attention fused|plain] [--isa native|avx2]
 
 The peer is whatever torch the interpreter that runs this script imports:
 PyPI's current torch (MKL, oneDNN) in a venv is the one users have, made by
@@ -57,7 +57,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from bench_cpu_peer import blas_check  # noqa: E402  (refuses the reference BLAS)
+from bench_cpu_peer import AVX2_ENV, blas_check  # noqa: E402  (refuses the reference BLAS)
 from bench_loader import cpu_flags, cpu_name  # noqa: E402
 
 
@@ -194,7 +194,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     ap.add_argument("--attention", choices=("fused", "plain"), default="fused")
+    ap.add_argument("--isa", choices=("native", "avx2"), default="native",
+                    help="avx2: both sides as an AVX2-only processor runs them (bench_cpu_peer.py's "
+                         "AVX2_ENV: gpipe's GPIPE_CPU_ISA, PyTorch's oneDNN, MKL and ATen capped; "
+                         "pass --binary of a -DGPIPE_ISA_CLONES=3 build)")
     a = ap.parse_args()
+    if a.isa == "avx2":
+        os.environ.update(AVX2_ENV)  # before torch loads MKL and oneDNN; gpipe-train inherits it
     import torch
     debian = torch.__version__.startswith("1.")
     blas = blas_check() if debian else "bundled (%s)" % (
@@ -204,9 +210,11 @@ def main():
     if a.precision == "bf16" and "avx512_bf16" not in flags and "amx_bf16" not in flags:
         print("note: this processor has no bf16 instructions; gpipe refuses precision bf16 "
               "here, and PyTorch's autocast emulates it")
-    print("%s (%s); %d threads; torch %s (%s), BLAS %s; OPENBLAS_CORETYPE=%s" % (
+    print("%s (%s); %d threads; torch %s (%s), BLAS %s; OPENBLAS_CORETYPE=%s%s" % (
         cpu_name(), isa, a.threads, torch.__version__, sys.executable, blas,
-        os.environ.get("OPENBLAS_CORETYPE", "-")))
+        os.environ.get("OPENBLAS_CORETYPE", "-"),
+        "; capped at AVX2 (%s)" % " ".join("%s=%s" % kv for kv in sorted(AVX2_ENV.items()))
+        if a.isa == "avx2" else ""))
     if c["family"] == "llama":
         import transformers
         print("Llama: %d layers, %d heads over %d k/v heads, width %d, MLP %d, T %d, vocabulary "
