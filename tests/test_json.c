@@ -234,8 +234,12 @@ static void test_tree(void)
     CHECK_MSG(v != NULL, "%s", r.err);
     if (!v) return;
     CHECK(v->kind == GP_JSON_OBJECT && v->n == 4 && v->offset == 0);
-    const gp_json_value *a = gp_json_get(v, "a");
-    CHECK(a && a->kind == GP_JSON_ARRAY && a->n == 4); /* the first of two "a" */
+    /* a key given twice: the last "a", as Python's json takes it (issue 77) */
+    const gp_json_value *last = gp_json_get(v, "a");
+    CHECK(last && last->kind == GP_JSON_NUMBER && last->num == 2);
+    const gp_json_value *a = &v->items[0]; /* the first "a", in document order */
+    CHECK(!strcmp(v->keys[0], "a") && v->keys[2] && !strcmp(v->keys[2], "a"));
+    CHECK(a && a->kind == GP_JSON_ARRAY && a->n == 4);
     CHECK(a && a->offset == 6);
     if (a && a->n == 4) {
         CHECK(a->items[0].kind == GP_JSON_NUMBER && a->items[0].num == 1);

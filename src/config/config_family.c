@@ -20,11 +20,14 @@
  * are gpipe's defaults already.
  */
 #include "config/config_impl.h"
+#include "core/hf_config.h"
 #include "core/json.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct {
     gp_layer_spec *specs;
@@ -663,80 +666,200 @@ static gp_status llama(spec_list *l, const llama_opts *o)
     return GP_OK;
 }
 
-/* model.llama's defaults where model.init_from is a Hugging Face folder
- * with a config.json: its sizes (issue 66: the YAML may leave them out);
- * otherwise Hugging Face's LlamaConfig's own (Llama 2 7B's sizes).  A
- * config.json that does not parse is the loader's to report. */
-typedef struct llama_defaults {
-    double layers, heads, kv_heads, width, intermediate, vocab, positions, theta, eps, tie;
-    bool llama3;
-    double factor, low_freq, high_freq, orig_positions;
-    char from[600]; /* the config.json read, "" if none */
-} llama_defaults;
+/* Where model.llama's sizes come from, in order: the YAML's key; the
+ * config.json of model.init_from where that is a folder (issue 66: the
+ * YAML may leave them out), read and checked by gp_hf_config_read and its
+ * getters (issue 77: a value there of the wrong type or out of range is an
+ * error naming the file, its line and column and the key, never a
+ * default); else Hugging Face's LlamaConfig's own defaults (Llama 2 7B's
+ * sizes).  A folder without config.json is an error where the YAML leaves
+ * a size out. */
+typedef struct llama_src {
+    gp_hf_config cfg;        /* cfg.json NULL: no config.json to read */
+    const gp_ynode *from;    /* model.init_from, for messages */
+    const gp_json_value *sc; /* its rope scaling (rope_scaling or rope_parameters) */
+    bool llama3;             /* ... of rope_type llama3 */
+} llama_src;
 
-static double jnum(const gp_json_value *o, const char *key, double def)
+/* The error gp_hf_config_* left, placed at model.init_from's line. */
+static gp_status llama_src_bad(gp_cfg_walk *w, const llama_src *s, const char *key)
 {
-    const gp_json_value *v = o ? gp_json_get(o, key) : NULL;
-    if (v && v->kind == GP_JSON_NUMBER) return v->num;
-    if (v && (v->kind == GP_JSON_TRUE || v->kind == GP_JSON_FALSE)) return v->kind == GP_JSON_TRUE;
-    return def;
+    char msg[1400];
+    snprintf(msg, sizeof msg, "%s", gp_last_error());
+    if (key)
+        return gp_cfg_bad(w, s->from, "model.init_from: %s (model.llama.%s is taken from it "
+                          "where the YAML leaves it out: fix the file, or give model.llama.%s)",
+                          msg, key, key);
+    return gp_cfg_bad(w, s->from, "model.init_from: %s", msg);
 }
 
-static void llama_defaults_of(const gp_ynode *m, llama_defaults *d)
+static gp_status llama_src_open(gp_cfg_walk *w, const gp_ynode *m, const gp_ynode *g,
+                                llama_src *s)
 {
-    *d = (llama_defaults){.layers = 32, .heads = 32, .width = 4096, .intermediate = 11008,
-                          .vocab = 32000, .positions = 2048, .theta = 10000, .eps = 1e-6,
-                          .tie = 0, .factor = 8, .low_freq = 1, .high_freq = 4,
-                          .orig_positions = 8192};
-    d->kv_heads = -1; /* heads */
+    memset(s, 0, sizeof *s);
     const gp_ynode *in = gp_ymap_get(m, "init_from");
-    if (gp_cfg_absent(in) || in->kind != GP_YNODE_SCALAR || !in->text || !in->text[0]) return;
-    char path[600];
-    snprintf(path, sizeof path, "%s/config.json", in->text);
-    FILE *f = fopen(path, "rb");
-    if (!f) return;
-    char *text = malloc(1 << 20);
-    size_t len = text ? fread(text, 1, 1 << 20, f) : 0;
-    fclose(f);
-    gp_json_reader r;
-    gp_json_value *cj = text && len < (1 << 20) ? gp_json_parse(text, len, &r) : NULL;
-    free(text);
-    if (!cj || cj->kind != GP_JSON_OBJECT) {
-        gp_json_value_free(cj);
-        return;
+    if (gp_cfg_absent(in) || in->kind != GP_YNODE_SCALAR || !in->text || !in->text[0])
+        return GP_OK;
+    s->from = in;
+    struct stat st;
+    /* a file (safetensors, llm.c's) has no config.json; a path that is not
+     * there is the loader's to report */
+    if (stat(in->text, &st) != 0 || !S_ISDIR(st.st_mode)) return GP_OK;
+    if (gp_hf_config_read(in->text, &s->cfg) != GP_OK) return llama_src_bad(w, s, NULL);
+    if (!s->cfg.json) {
+        static const char *const sizes[] = {"layers", "heads", "width", "intermediate", "vocab"};
+        for (int i = 0; i < GP_COUNT(sizes); i++)
+            if (gp_cfg_absent(gp_ymap_get(g, sizes[i])))
+                return gp_cfg_bad(w, in, "model.init_from '%s' has no config.json, and "
+                                  "model.llama leaves %s out: give model.llama's sizes (layers, "
+                                  "heads, kv_heads, width, intermediate, vocab) in the YAML, or "
+                                  "use a folder with its config.json (save_pretrained writes "
+                                  "one)", in->text, sizes[i]);
+        return GP_OK;
     }
-    snprintf(d->from, sizeof d->from, "%s", path);
-    d->layers = jnum(cj, "num_hidden_layers", d->layers);
-    d->heads = jnum(cj, "num_attention_heads", d->heads);
-    d->kv_heads = jnum(cj, "num_key_value_heads", d->heads);
-    d->width = jnum(cj, "hidden_size", d->width);
-    d->intermediate = jnum(cj, "intermediate_size", d->intermediate);
-    d->vocab = jnum(cj, "vocab_size", d->vocab);
-    d->positions = jnum(cj, "max_position_embeddings", d->positions);
-    d->eps = jnum(cj, "rms_norm_eps", d->eps);
-    d->tie = jnum(cj, "tie_word_embeddings", 1); /* PretrainedConfig's default */
+    gp_cfg_note(w, "model.llama: what the YAML leaves out is %s's", s->cfg.path);
     /* rope_theta and rope_scaling; transformers 5 writes rope_parameters */
-    const gp_json_value *rs = gp_json_get(cj, "rope_scaling");
-    const gp_json_value *rp = gp_json_get(cj, "rope_parameters");
-    d->theta = jnum(cj, "rope_theta", jnum(rp, "rope_theta", d->theta));
-    const gp_json_value *sc = rs && rs->kind == GP_JSON_OBJECT   ? rs
-                              : rp && rp->kind == GP_JSON_OBJECT ? rp
-                                                                 : NULL;
-    const gp_json_value *ty = sc ? gp_json_get(sc, "rope_type") : NULL;
-    if (!ty && sc) ty = gp_json_get(sc, "type");
-    if (ty && ty->kind == GP_JSON_STRING && !strcmp(ty->str, "llama3")) {
-        d->llama3 = true;
-        d->factor = jnum(sc, "factor", d->factor);
-        d->low_freq = jnum(sc, "low_freq_factor", d->low_freq);
-        d->high_freq = jnum(sc, "high_freq_factor", d->high_freq);
-        d->orig_positions = jnum(sc, "original_max_position_embeddings", d->orig_positions);
-    }
-    gp_json_value_free(cj);
+    const gp_json_value *rs = gp_json_get(s->cfg.json, "rope_scaling");
+    const gp_json_value *rp = gp_json_get(s->cfg.json, "rope_parameters");
+    s->sc = rs && rs->kind == GP_JSON_OBJECT   ? rs
+            : rp && rp->kind == GP_JSON_OBJECT ? rp
+                                               : NULL;
+    const gp_json_value *ty = s->sc ? gp_json_get(s->sc, "rope_type") : NULL;
+    if (!ty && s->sc) ty = gp_json_get(s->sc, "type");
+    s->llama3 = ty && ty->kind == GP_JSON_STRING && !strcmp(ty->str, "llama3");
+    return GP_OK;
 }
 
-/* A size from config.json as an integer default (its own range checks
- * follow in gp_cfg_get_int). */
-static int64_t dint(double v) { return v >= 0 && v < 9.0e15 ? (int64_t)v : 0; }
+/* model.llama.key: the YAML's, else config.json's jkey (NULL: none) in obj
+ * (the file's object where NULL), else def; in [lo, hi] either way. */
+static gp_status llama_int(gp_cfg_walk *w, const gp_ynode *g, const llama_src *s,
+                           const gp_json_value *obj, const char *key, const char *jkey,
+                           int64_t def, int64_t lo, int64_t hi, int64_t *out)
+{
+    if (!gp_cfg_absent(gp_ymap_get(g, key)) || !s->cfg.json || !jkey)
+        return gp_cfg_get_int(w, g, "model.llama", key, def, lo, hi, out);
+    if (gp_hf_config_int(&s->cfg, obj, jkey, def, lo, hi, out) != GP_OK)
+        return llama_src_bad(w, s, key);
+    gp_cfg_note(w, "model.llama.%s = %lld (%s: %s)", key, (long long)*out, s->cfg.path, jkey);
+    return GP_OK;
+}
+
+/* The same for a float key above lo. */
+static gp_status llama_float(gp_cfg_walk *w, const gp_ynode *g, const llama_src *s,
+                             const gp_json_value *obj, const char *key, const char *jkey,
+                             double def, double lo, float *out)
+{
+    if (!gp_cfg_absent(gp_ymap_get(g, key)) || !s->cfg.json || !jkey)
+        return gp_cfg_get_float(w, g, "model.llama", key, (float)def, lo, INFINITY,
+                                GP_CFG_LO_OPEN, out);
+    double v;
+    if (gp_hf_config_num(&s->cfg, obj, jkey, def, lo, FLT_MAX, true, &v) != GP_OK)
+        return llama_src_bad(w, s, key);
+    *out = (float)v;
+    if (!(*out > (float)lo)) { /* rounds to lo as a 32-bit float */
+        gp_error_set(GP_ERR_DATA, "%s: %s = %.17g rounds to %g as a 32-bit float, which is not "
+                     "above %g", s->cfg.path, jkey, v, (double)*out, lo);
+        return llama_src_bad(w, s, key);
+    }
+    gp_cfg_note(w, "model.llama.%s = %g (%s: %s)", key, (double)*out, s->cfg.path, jkey);
+    return GP_OK;
+}
+
+/* model.llama's sizes, from the YAML, config.json or the defaults. */
+static gp_status llama_sizes(gp_cfg_walk *w, const gp_ynode *g, const llama_src *s,
+                             llama_opts *o)
+{
+    const char *gs = "model.llama";
+    const gp_json_value *cj = s->cfg.json;
+    int64_t layers;
+    GP_TRY(llama_int(w, g, s, NULL, "layers", "num_hidden_layers", 32, 1, 10000, &layers));
+    o->layers = (int)layers;
+    GP_TRY(llama_int(w, g, s, NULL, "heads", "num_attention_heads", 32, 1, 1 << 16, &o->heads));
+    /* kv_heads: the YAML's; as many as the YAML's heads where it gives
+     * heads; else config.json's num_key_value_heads (absent or null: as
+     * many as its heads, as LlamaConfig takes it) */
+    const gp_json_value *kv = cj ? gp_json_get(cj, "num_key_value_heads") : NULL;
+    bool kv_file = cj && gp_cfg_absent(gp_ymap_get(g, "heads")) && kv && kv->kind != GP_JSON_NULL;
+    GP_TRY(llama_int(w, g, s, NULL, "kv_heads", kv_file ? "num_key_value_heads" : NULL, o->heads,
+                     1, 1 << 16, &o->kv_heads));
+    GP_TRY(llama_int(w, g, s, NULL, "width", "hidden_size", 4096, 1, (int64_t)1 << 20,
+                     &o->width));
+    GP_TRY(llama_int(w, g, s, NULL, "intermediate", "intermediate_size", 11008, 1,
+                     (int64_t)1 << 24, &o->intermediate));
+    GP_TRY(llama_int(w, g, s, NULL, "vocab", "vocab_size", 32000, 1, (int64_t)1 << 24,
+                     &o->vocab));
+    GP_TRY(llama_int(w, g, s, NULL, "positions", "max_position_embeddings", 2048, 1,
+                     (int64_t)1 << 40, &o->positions));
+    /* rope_theta: config.json's, or its rope_parameters' (transformers 5) */
+    const gp_json_value *rp = cj ? gp_json_get(cj, "rope_parameters") : NULL;
+    bool theta_rp = cj && !gp_json_get(cj, "rope_theta") && rp && rp->kind == GP_JSON_OBJECT &&
+                    gp_json_get(rp, "rope_theta");
+    GP_TRY(llama_float(w, g, s, theta_rp ? rp : NULL, "rope_theta", "rope_theta", 10000, 1,
+                       &o->rope_theta));
+    GP_TRY(llama_float(w, g, s, NULL, "rms_eps", "rms_norm_eps", 1e-6, 0, &o->rms_eps));
+    GP_TRY(gp_cfg_get_float(w, g, gs, "std", 0.02f, 0, INFINITY, GP_CFG_LO_OPEN, &o->std));
+    if (cj && gp_cfg_absent(gp_ymap_get(g, "tie"))) {
+        /* (true where the file leaves it out: PretrainedConfig's default) */
+        if (gp_hf_config_bool(&s->cfg, NULL, "tie_word_embeddings", true, &o->tie) != GP_OK)
+            return llama_src_bad(w, s, "tie");
+        gp_cfg_note(w, "model.llama.tie = %s (%s: tie_word_embeddings)",
+                    o->tie ? "true" : "false", s->cfg.path);
+    } else {
+        GP_TRY(gp_cfg_get_bool(w, g, gs, "tie", false, &o->tie)); /* LlamaConfig's default */
+    }
+    GP_TRY(gp_cfg_get_bool(w, g, gs, "qkv_bias", false, &o->qkv_bias));
+    /* rope_scaling: the YAML's map, its keys' defaults config.json's llama3
+     * scaling where it has one (else Llama 3's); without the YAML's map,
+     * config.json's llama3 scaling, checked as the YAML's would be */
+    double factor = 8, low = 1, high = 4;
+    int64_t orig = 8192;
+    if (s->llama3 &&
+        (gp_hf_config_num(&s->cfg, s->sc, "factor", factor, 1, FLT_MAX, false, &factor) != GP_OK ||
+         gp_hf_config_num(&s->cfg, s->sc, "low_freq_factor", low, 0, FLT_MAX, true, &low) !=
+             GP_OK ||
+         gp_hf_config_num(&s->cfg, s->sc, "high_freq_factor", high, 0, FLT_MAX, true, &high) !=
+             GP_OK ||
+         gp_hf_config_int(&s->cfg, s->sc, "original_max_position_embeddings", orig, 1,
+                          (int64_t)1 << 40, &orig) != GP_OK))
+        return llama_src_bad(w, s, "rope_scaling");
+    const gp_ynode *rs = gp_ymap_get(g, "rope_scaling");
+    o->factor = (float)factor, o->low_freq = (float)low, o->high_freq = (float)high;
+    o->orig_positions = orig;
+    o->llama3 = s->llama3 && gp_cfg_absent(rs);
+    if (o->llama3) {
+        if (!(o->high_freq > o->low_freq)) {
+            gp_error_set(GP_ERR_DATA, "%s: rope_scaling's high_freq_factor (%g) must be above "
+                         "its low_freq_factor (%g) (Llama 3: 4 and 1)", s->cfg.path, high, low);
+            return llama_src_bad(w, s, "rope_scaling");
+        }
+        gp_cfg_note(w, "model.llama.rope_scaling = {factor: %g, low_freq_factor: %g, "
+                    "high_freq_factor: %g, original_positions: %lld} (%s: rope_scaling, llama3)",
+                    factor, low, high, (long long)orig, s->cfg.path);
+    }
+    if (!gp_cfg_absent(rs)) { /* Llama 3's: {factor, low_freq_factor, high_freq_factor,
+                                 original_positions} */
+        if (rs->kind != GP_YNODE_MAP)
+            return gp_cfg_bad(w, rs, "model.llama.rope_scaling must be a map, Llama 3's "
+                              "{factor: 32, low_freq_factor: 1, high_freq_factor: 4, "
+                              "original_positions: 8192} (leave it out for none)");
+        const char *rss = "model.llama.rope_scaling";
+        GP_TRY(gp_cfg_check_keys(w, rs, rss));
+        o->llama3 = true;
+        GP_TRY(gp_cfg_get_float(w, rs, rss, "factor", (float)factor, 1, INFINITY, 0,
+                                &o->factor));
+        GP_TRY(gp_cfg_get_float(w, rs, rss, "low_freq_factor", (float)low, 0, INFINITY,
+                                GP_CFG_LO_OPEN, &o->low_freq));
+        GP_TRY(gp_cfg_get_float(w, rs, rss, "high_freq_factor", (float)high, 0, INFINITY,
+                                GP_CFG_LO_OPEN, &o->high_freq));
+        GP_TRY(gp_cfg_get_int(w, rs, rss, "original_positions", orig, 1, (int64_t)1 << 40,
+                              &o->orig_positions));
+        if (!(o->high_freq > o->low_freq))
+            return gp_cfg_bad(w, rs, "model.llama.rope_scaling: high_freq_factor (%g) must be "
+                              "above low_freq_factor (%g) (Llama 3: 4 and 1)",
+                              (double)o->high_freq, (double)o->low_freq);
+    }
+    return GP_OK;
+}
 
 /* model.llama: {layers, heads, kv_heads, width, intermediate, vocab,
  * positions, rope_theta, rope_scaling, rms_eps, tie, qkv_bias, std}. */
@@ -752,58 +875,12 @@ static gp_status parse_llama(gp_cfg_walk *w, const gp_ynode *m, gp_model_config 
         return gp_cfg_bad(w, g, "model.llama must be a map, like {layers: 16, heads: 32, "
                           "kv_heads: 8, width: 2048, intermediate: 8192}");
     GP_TRY(gp_cfg_check_keys(w, g, "model.llama"));
-    const char *gs = "model.llama";
     llama_opts o = {0};
-    /* the defaults: model.init_from's config.json where it is a Hugging
-     * Face folder, else Hugging Face's LlamaConfig (Llama 2 7B's sizes) */
-    llama_defaults d;
-    llama_defaults_of(m, &d);
-    if (d.from[0])
-        gp_cfg_note(w, "model.llama: what the YAML leaves out is %s's", d.from);
-    GP_TRY(gp_cfg_get_int32(w, g, gs, "layers", (int32_t)dint(d.layers), 1, 10000, &o.layers));
-    GP_TRY(gp_cfg_get_int(w, g, gs, "heads", dint(d.heads), 1, 1 << 16, &o.heads));
-    GP_TRY(gp_cfg_get_int(w, g, gs, "kv_heads", d.kv_heads < 0 || gp_ymap_get(g, "heads")
-                                                    ? o.heads : dint(d.kv_heads),
-                          1, 1 << 16, &o.kv_heads));
-    GP_TRY(gp_cfg_get_int(w, g, gs, "width", dint(d.width), 1, (int64_t)1 << 20, &o.width));
-    GP_TRY(gp_cfg_get_int(w, g, gs, "intermediate", dint(d.intermediate), 1, (int64_t)1 << 24,
-                          &o.intermediate));
-    GP_TRY(gp_cfg_get_int(w, g, gs, "vocab", dint(d.vocab), 1, (int64_t)1 << 24, &o.vocab));
-    GP_TRY(gp_cfg_get_int(w, g, gs, "positions", dint(d.positions), 1, (int64_t)1 << 40,
-                          &o.positions));
-    GP_TRY(gp_cfg_get_float(w, g, gs, "rope_theta", (float)d.theta, 1, INFINITY,
-                            GP_CFG_LO_OPEN, &o.rope_theta));
-    GP_TRY(gp_cfg_get_float(w, g, gs, "rms_eps", (float)d.eps, 0, INFINITY, GP_CFG_LO_OPEN,
-                            &o.rms_eps));
-    GP_TRY(gp_cfg_get_float(w, g, gs, "std", 0.02f, 0, INFINITY, GP_CFG_LO_OPEN, &o.std));
-    GP_TRY(gp_cfg_get_bool(w, g, gs, "tie", d.tie != 0, &o.tie));
-    GP_TRY(gp_cfg_get_bool(w, g, gs, "qkv_bias", false, &o.qkv_bias));
-    const gp_ynode *rs = gp_ymap_get(g, "rope_scaling");
-    o.factor = (float)d.factor, o.low_freq = (float)d.low_freq, o.high_freq = (float)d.high_freq;
-    o.orig_positions = dint(d.orig_positions);
-    o.llama3 = d.llama3 && gp_cfg_absent(rs);
-    if (!gp_cfg_absent(rs)) { /* Llama 3's: {factor, low_freq_factor, high_freq_factor,
-                                 original_positions} */
-        if (rs->kind != GP_YNODE_MAP)
-            return gp_cfg_bad(w, rs, "model.llama.rope_scaling must be a map, Llama 3's "
-                              "{factor: 32, low_freq_factor: 1, high_freq_factor: 4, "
-                              "original_positions: 8192} (leave it out for none)");
-        const char *rss = "model.llama.rope_scaling";
-        GP_TRY(gp_cfg_check_keys(w, rs, rss));
-        o.llama3 = true;
-        GP_TRY(gp_cfg_get_float(w, rs, rss, "factor", (float)d.factor, 1, INFINITY, 0,
-                                &o.factor));
-        GP_TRY(gp_cfg_get_float(w, rs, rss, "low_freq_factor", (float)d.low_freq, 0, INFINITY,
-                                GP_CFG_LO_OPEN, &o.low_freq));
-        GP_TRY(gp_cfg_get_float(w, rs, rss, "high_freq_factor", (float)d.high_freq, 0,
-                                INFINITY, GP_CFG_LO_OPEN, &o.high_freq));
-        GP_TRY(gp_cfg_get_int(w, rs, rss, "original_positions", dint(d.orig_positions), 1,
-                              (int64_t)1 << 40, &o.orig_positions));
-        if (!(o.high_freq > o.low_freq))
-            return gp_cfg_bad(w, rs, "model.llama.rope_scaling: high_freq_factor (%g) must be "
-                              "above low_freq_factor (%g) (Llama 3: 4 and 1)",
-                              (double)o.high_freq, (double)o.low_freq);
-    }
+    llama_src src;
+    gp_status st = llama_src_open(w, m, g, &src);
+    if (st == GP_OK) st = llama_sizes(w, g, &src, &o);
+    gp_hf_config_free(&src.cfg);
+    GP_TRY(st);
     const gp_ynode *hn = gp_ymap_get(g, "heads"), *wn = gp_ymap_get(g, "width");
     const gp_ynode *kn = gp_ymap_get(g, "kv_heads");
     if (o.width % o.heads != 0 || (o.width / o.heads) % 2 != 0 ||

@@ -515,7 +515,7 @@ gp_json_value *gp_json_parse(const char *text, size_t len, gp_json_reader *r)
 const gp_json_value *gp_json_get(const gp_json_value *o, const char *key)
 {
     if (!o || o->kind != GP_JSON_OBJECT) return NULL;
-    for (int i = 0; i < o->n; i++)
+    for (int i = o->n - 1; i >= 0; i--) /* the last, as Python's json and serde_json take it */
         if (!strcmp(o->keys[i], key)) return &o->items[i];
     return NULL;
 }

@@ -117,8 +117,9 @@ gp_json_value *gp_json_read_value(gp_json_reader *r);
  * reader is initialised here and holds the error when NULL is returned. */
 gp_json_value *gp_json_parse(const char *text, size_t len, gp_json_reader *r);
 void gp_json_value_free(gp_json_value *v);
-/* The value of the first member named `key`; NULL if there is none or o
- * is not an object. */
+/* The value of the last member named `key` (a key given twice is taken
+ * as Python's json and serde_json take it, issue 77); NULL if there is
+ * none or o is not an object. */
 const gp_json_value *gp_json_get(const gp_json_value *o, const char *key);
 
 /* ---- the writer ------------------------------------------------------------- */

@@ -20,6 +20,7 @@
  * differs is named, with the model.llama key that sets it.
  */
 #include "backend/elementwise.h"
+#include "core/hf_config.h"
 #include "core/json.h"
 #include "weights/weights.h"
 
@@ -338,11 +339,15 @@ static double num_of(const gp_json_value *cfg, const char *key, double def)
 
 static gp_status check_config(const gp_wmodel *m, const char *dir)
 {
-    char p[700];
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    if (!exists(p)) return GP_OK; /* the tensors' shapes are checked as they load */
-    gp_json_value *cfg;
-    GP_TRY(parse_json(p, &cfg));
+    gp_hf_config hc; /* the one reader of config.json (core/hf_config.h) */
+    gp_status rd = gp_hf_config_read(dir, &hc);
+    if (rd != GP_OK) {
+        gp_hf_config_free(&hc);
+        return rd;
+    }
+    if (!hc.json) return GP_OK; /* the tensors' shapes are checked as they load */
+    gp_json_value *cfg = hc.json;
+    const char *p = hc.path;
     const gp_layer *emb = first_of(m, GP_LAYER_EMBEDDING), *att = first_of(m, GP_LAYER_ATTENTION);
     const gp_layer *rope = first_of(m, GP_LAYER_ROPE), *rms = first_of(m, GP_LAYER_RMS_NORM);
     const gp_layer *sw = first_of(m, GP_LAYER_SWIGLU);
@@ -408,10 +413,14 @@ static gp_status check_config(const gp_wmodel *m, const char *dir)
     }
     differ(msg, sizeof msg, "tie_word_embeddings", num_of(cfg, "tie_word_embeddings", 1), tied,
            "model.llama.tie");
-    gp_json_value_free(cfg);
-    if (!msg[0]) return GP_OK;
-    return gp_error_set(GP_ERR_INVALID, "%s does not describe this model: %s; set the model.llama "
-                        "keys named to the folder's values", p, msg);
+    if (!msg[0]) {
+        gp_hf_config_free(&hc);
+        return GP_OK;
+    }
+    gp_status st = gp_error_set(GP_ERR_INVALID, "%s does not describe this model: %s; set the "
+                                "model.llama keys named to the folder's values", p, msg);
+    gp_hf_config_free(&hc);
+    return st;
 }
 
 /* ---- the names --------------------------------------------------------------- */

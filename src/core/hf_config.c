@@ -1,0 +1,181 @@
+/*
+ * hf_config.c — a Hugging Face folder's config.json, read and checked in
+ * one place (hf_config.h).
+ */
+#include "core/hf_config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+void gp_hf_config_free(gp_hf_config *c)
+{
+    gp_json_value_free(c->json);
+    free(c->text);
+    c->json = NULL;
+    c->text = NULL;
+    c->len = 0;
+}
+
+/* Why a text that does not parse may not be JSON at all. */
+static const char *encoding_hint(const unsigned char *t, size_t n)
+{
+    if (n >= 3 && t[0] == 0xEF && t[1] == 0xBB && t[2] == 0xBF)
+        return " (the file starts with a UTF-8 byte-order mark, which JSON does not allow: save "
+               "it without one)";
+    if (n >= 2 && ((t[0] == 0xFF && t[1] == 0xFE) || (t[0] == 0xFE && t[1] == 0xFF)))
+        return " (the file is UTF-16; JSON files are UTF-8: save it as UTF-8)";
+    if (n >= 2 && (t[0] == 0 || t[1] == 0)) return " (the file holds NUL bytes: not a text file)";
+    return "";
+}
+
+gp_status gp_hf_config_read(const char *dir, gp_hf_config *c)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->path, sizeof c->path, "%s/config.json", dir);
+    int fd = gp_open_regular(c->path);
+    if (fd < 0) {
+        if (errno == ENOENT) return GP_OK;
+        return gp_error_set(GP_ERR_IO, "cannot read '%s': %s", c->path, gp_open_strerror(errno));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return gp_error_set(GP_ERR_IO, "cannot read '%s': %s", c->path, strerror(e));
+    }
+    if ((size_t)st.st_size > GP_HF_CONFIG_MAX) {
+        close(fd);
+        return gp_error_set(GP_ERR_DATA, "'%s' is %lld bytes, more than any Hugging Face "
+                            "config.json (the limit is %zu MiB): is it the right file?",
+                            c->path, (long long)st.st_size, GP_HF_CONFIG_MAX >> 20);
+    }
+    size_t cap = (size_t)st.st_size + 1, n = 0;
+    c->text = malloc(cap);
+    if (!c->text) {
+        close(fd);
+        return gp_error_set(GP_ERR_OOM, "out of host memory reading '%s'", c->path);
+    }
+    while (n + 1 < cap) { /* a file that grows while read stops at its size */
+        ssize_t got = read(fd, c->text + n, cap - 1 - n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            int e = errno;
+            close(fd);
+            return gp_error_set(GP_ERR_IO, "cannot read '%s': %s", c->path, strerror(e));
+        }
+        if (got == 0) break;
+        n += (size_t)got;
+    }
+    close(fd);
+    c->text[n] = '\0';
+    c->len = n;
+    gp_json_reader r;
+    c->json = gp_json_parse(c->text, n, &r);
+    if (!c->json) {
+        int line = 0, col = 0;
+        gp_json_where(&r, r.err_at, &line, &col);
+        return gp_error_set(GP_ERR_DATA, "%s:%d:%d: not valid JSON: %s%s", c->path, line, col,
+                            r.err, encoding_hint((const unsigned char *)c->text, n));
+    }
+    if (c->json->kind != GP_JSON_OBJECT)
+        return gp_error_set(GP_ERR_DATA, "'%s' is not a JSON object ({\"hidden_size\": ..., ...}), "
+                            "as a Hugging Face config.json is", c->path);
+    return GP_OK;
+}
+
+/* "path:line:column: key" of v, into buf. */
+static const char *where(const gp_hf_config *c, const gp_json_value *v, const char *key,
+                         char *buf, size_t len)
+{
+    gp_json_reader r;
+    gp_json_reader_init(&r, c->text ? c->text : "", c->len);
+    int line = 0, col = 0;
+    gp_json_where(&r, v->offset, &line, &col);
+    snprintf(buf, len, "%s:%d:%d: %s", c->path, line, col, key);
+    return buf;
+}
+
+static const char *kind_name(gp_json_kind k)
+{
+    switch (k) {
+    case GP_JSON_STRING: return "a string";
+    case GP_JSON_NULL: return "null";
+    case GP_JSON_TRUE:
+    case GP_JSON_FALSE: return "a boolean";
+    case GP_JSON_ARRAY: return "an array";
+    case GP_JSON_OBJECT: return "an object";
+    default: return "not a number";
+    }
+}
+
+gp_status gp_hf_config_num(const gp_hf_config *c, const gp_json_value *obj, const char *key,
+                           double def, double lo, double hi, bool lo_open, double *out)
+{
+    const gp_json_value *v = gp_json_get(obj ? obj : c->json, key);
+    if (!v) {
+        *out = def;
+        return GP_OK;
+    }
+    char at[1300];
+    if (v->kind != GP_JSON_NUMBER)
+        return gp_error_set(GP_ERR_DATA, "%s is %s; it must be a number", where(c, v, key, at,
+                            sizeof at), kind_name(v->kind));
+    if (!(lo_open ? v->num > lo : v->num >= lo) || !(v->num <= hi)) {
+        char range[96];
+        if (isinf(hi)) snprintf(range, sizeof range, "%s %g", lo_open ? "above" : "at least", lo);
+        else snprintf(range, sizeof range, "%s %g and at most %g", lo_open ? "above" : "at least",
+                      lo, hi);
+        return gp_error_set(GP_ERR_DATA, "%s = %.17g is out of range: it must be %s",
+                            where(c, v, key, at, sizeof at), v->num, range);
+    }
+    *out = v->num;
+    return GP_OK;
+}
+
+gp_status gp_hf_config_int(const gp_hf_config *c, const gp_json_value *obj, const char *key,
+                           int64_t def, int64_t lo, int64_t hi, int64_t *out)
+{
+    const gp_json_value *v = gp_json_get(obj ? obj : c->json, key);
+    if (!v) {
+        *out = def;
+        return GP_OK;
+    }
+    char at[1300];
+    if (v->kind != GP_JSON_NUMBER)
+        return gp_error_set(GP_ERR_DATA, "%s is %s; it must be a whole number from %lld to %lld",
+                            where(c, v, key, at, sizeof at), kind_name(v->kind), (long long)lo,
+                            (long long)hi);
+    if (v->num != floor(v->num) || v->num < (double)lo || v->num > (double)hi)
+        return gp_error_set(GP_ERR_DATA, "%s = %.17g is out of range: it must be a whole number "
+                            "from %lld to %lld", where(c, v, key, at, sizeof at), v->num,
+                            (long long)lo, (long long)hi);
+    *out = (int64_t)v->num;
+    return GP_OK;
+}
+
+gp_status gp_hf_config_bool(const gp_hf_config *c, const gp_json_value *obj, const char *key,
+                            bool def, bool *out)
+{
+    const gp_json_value *v = gp_json_get(obj ? obj : c->json, key);
+    if (!v) {
+        *out = def;
+        return GP_OK;
+    }
+    if (v->kind == GP_JSON_TRUE || v->kind == GP_JSON_FALSE) {
+        *out = v->kind == GP_JSON_TRUE;
+        return GP_OK;
+    }
+    if (v->kind == GP_JSON_NUMBER && (v->num == 0 || v->num == 1)) {
+        *out = v->num == 1;
+        return GP_OK;
+    }
+    char at[1300];
+    return gp_error_set(GP_ERR_DATA, "%s is %s; it must be true or false",
+                        where(c, v, key, at, sizeof at),
+                        v->kind == GP_JSON_NUMBER ? "a number other than 0 and 1" : kind_name(v->kind));
+}

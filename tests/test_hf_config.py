@@ -1,0 +1,202 @@
+#!/usr/bin/python3
+"""test_hf_config.py — a Hugging Face folder's config.json is read in one
+place and every problem in it is an error naming the file, never
+LlamaConfig's defaults (issue 77, items 1, 2, 4, 5 and 7's duplicate keys).
+
+A YAML with `llama: {}` and model.init_from = a folder takes its sizes from
+the folder's config.json.  For each broken config.json, gpipe-train
+--dry-run (and, for the FIFO, gpipe-sample and gpipe-balance too) must:
+finish within 20 s (a FIFO blocked every tool for ever before), exit
+non-zero and not by a signal (num_attention_heads 0 died of SIGFPE), and
+say on stderr the file's path and what is wrong (the key, or "not valid
+JSON" with a line and column, or "not a regular file"), never build
+LlamaConfig's Llama 2 7B (its 6.7 G parameters were the "plan" before).
+Valid files must work: one larger than 1 MiB (a long id2label map, as
+transformers loads), and a key given twice takes the last value (Python's
+rule; gpipe took the first); the sizes the YAML gives still win over the
+file's; a folder without config.json is an error only where the YAML
+leaves a size out.
+
+Needs GPIPE_BINARY_DIR (set by CTest).  Prints "test_hf_config: N passed,
+N failed" last.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(os.path.dirname(__file__), "..", "build"))
+passed = failed = 0
+
+GOOD = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 3,
+        "vocab_size": 256, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "tie_word_embeddings": True, "rope_scaling": None}
+# Parameters of GOOD's model: embedding 256 x 64 (tied head), per block two
+# norms 2 x 64, q 64 x 64, k and v 2 x (64 x 32), o 64 x 64, gate, up
+# 2 x (64 x 128), down 128 x 64; the final norm 64.
+GOOD_PARAMS = 256 * 64 + 3 * (2 * 64 + 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128) + 64
+
+
+def check(ok, what):
+    global passed, failed
+    if ok:
+        passed += 1
+    else:
+        failed += 1
+        print("FAIL: " + what)
+
+
+def run(tool, args, timeout=20):
+    try:
+        r = subprocess.run([os.path.join(BIN, tool)] + args, capture_output=True, text=True,
+                           timeout=timeout, stdin=subprocess.DEVNULL)
+        return r.returncode, r.stdout, r.stderr
+    except subprocess.TimeoutExpired:
+        return None, "", "timed out after %d s" % timeout
+
+
+def yaml(d, folder, llama="{}"):
+    p = os.path.join(d, "c.yaml")
+    with open(p, "w") as f:
+        f.write("model:\n  input: [16]\n  llama: %s\n  init_from: %s\n  loss: cross_entropy\n"
+                "data: {dataset: tokens, path: %s}\ntrain: {steps: 1, batch_size: 4}\n"
+                % (llama, folder, os.path.join(d, "tok")))
+    return p
+
+
+def refused(d, cfg, name, needles, tools=("gpipe-train",)):
+    for tool in tools:
+        args = {"gpipe-train": [cfg, "--dry-run"], "gpipe-sample": [cfg, "--prompt-ids", "1,2"],
+                "gpipe-balance": [cfg]}[tool]
+        rc, out, err = run(tool, args)
+        check(rc is not None, "%s, %s: finishes (%s)" % (name, tool, err))
+        if rc is None:
+            continue
+        check(rc > 0, "%s, %s: exits non-zero, not by a signal: rc %s %r" % (name, tool, rc,
+                                                                                err[-300:]))
+        for n in needles:
+            check(n in err, "%s, %s: the error says %r: %r" % (name, tool, n, err[-500:]))
+        check("6738415616" not in out and "6.7 G" not in out,
+              "%s, %s: no Llama 2 7B plan" % (name, tool))
+
+
+def params_of(out):
+    for line in out.splitlines():
+        if line.startswith("total:"):
+            return int(line.split()[1])
+    return None
+
+
+def main():
+    d = tempfile.mkdtemp(prefix="gpipe_hfcfg_")
+    try:
+        folder = os.path.join(d, "D")
+        os.mkdir(folder)
+        cj = os.path.join(folder, "config.json")
+        cfg = yaml(d, folder)
+
+        def put(text, mode="w"):
+            if os.path.lexists(cj):
+                if os.path.isdir(cj) and not os.path.islink(cj):
+                    os.rmdir(cj)
+                else:
+                    os.remove(cj)
+            with open(cj, mode) as f:
+                f.write(text)
+
+        good = json.dumps(GOOD)
+        put(good)
+        rc, out, err = run("gpipe-train", [cfg, "--dry-run", "-v"])
+        check(rc == 0, "the good folder plans: rc %s %r" % (rc, err[-400:]))
+        check(params_of(out) == GOOD_PARAMS,
+              "the good folder's model has %d parameters: %r" % (GOOD_PARAMS, params_of(out)))
+        check("model.llama.layers = 3 (%s: num_hidden_layers)" % cj in out + err,
+              "-v says where layers came from")
+
+        # (1) hangs and crashes: a FIFO in every tool; num_attention_heads 0
+        os.remove(cj)
+        os.mkfifo(cj)
+        refused(d, cfg, "a FIFO", [cj, "not a regular file"],
+                tools=("gpipe-train", "gpipe-sample", "gpipe-balance"))
+        os.remove(cj)
+        # (2), (5) every value checked, naming the file and the key
+        for key, val, needle in (("num_attention_heads", 0, "out of range"),
+                                 ("hidden_size", "32", "is a string"),
+                                 ("hidden_size", None, "is null"),
+                                 ("num_hidden_layers", -2, "out of range"),
+                                 ("num_hidden_layers", 2.5, "whole number"),
+                                 ("vocab_size", 0, "out of range"),
+                                 ("rope_theta", 0, "out of range"),
+                                 ("rms_norm_eps", -1e-5, "out of range"),
+                                 ("max_position_embeddings", 1e20, "out of range"),
+                                 ("tie_word_embeddings", "yes", "true or false")):
+            c = dict(GOOD)
+            c[key] = val
+            put(json.dumps(c))
+            refused(d, cfg, "%s = %r" % (key, val), [cj + ":1:", key, needle])
+        # (4) not JSON, not an object, not a file
+        for name, text, needle in (("a trailing comma", good[:-1] + ",}", "not valid JSON"),
+                                   ("NaN", good.replace("10000.0", "NaN"), "not valid JSON"),
+                                   ("Infinity", good.replace("10000.0", "Infinity"),
+                                    "not valid JSON"),
+                                   ("a number past double", good.replace("10000.0", "1e999"),
+                                    "not valid JSON"),
+                                   ("nested too deep", good[:-1] + ', "x": ' + "[" * 200 +
+                                    "]" * 200 + "}", "not valid JSON"),
+                                   ("an array", "[1, 2]", "not a JSON object"),
+                                   ("empty", "", "not valid JSON")):
+            put(text)
+            refused(d, cfg, name, [cj, needle])
+        put(b"\xef\xbb\xbf" + good.encode(), "wb")
+        refused(d, cfg, "a BOM", [cj, "byte-order mark"])
+        put(good.encode("utf-16"), "wb")
+        refused(d, cfg, "UTF-16", [cj, "UTF-16"])
+        os.remove(cj)
+        os.mkdir(cj)
+        refused(d, cfg, "a folder", [cj, "not a regular file"])
+        os.rmdir(cj)
+        os.symlink("/dev/zero", cj)
+        refused(d, cfg, "/dev/zero", [cj, "not a regular file"])
+        os.remove(cj)
+        refused(d, cfg, "no config.json", [folder, "has no config.json", "layers"])
+        # ... which the YAML's sizes make no error (the tensors are checked as they load)
+        full = yaml(d, folder, "{layers: 3, heads: 4, kv_heads: 2, width: 64, intermediate: "
+                    "128, vocab: 256, positions: 64, tie: true}")
+        rc, out, err = run("gpipe-train", [full, "--dry-run"])
+        check(rc == 0, "no config.json, every size in the YAML: plans: rc %s %r" % (rc, err[-300:]))
+        check(params_of(out) == GOOD_PARAMS, "... the YAML's model")
+        # valid and larger than 1 MiB (transformers loads it)
+        c = dict(GOOD)
+        c["id2label"] = {str(i): "label_%d" % i for i in range(80000)}
+        put(json.dumps(c))
+        check(os.path.getsize(cj) > (1 << 20), "the big file is over 1 MiB")
+        cfg = yaml(d, folder)
+        rc, out, err = run("gpipe-train", [cfg, "--dry-run"])
+        check(rc == 0 and params_of(out) == GOOD_PARAMS,
+              "a valid 1.6 MB config.json is read: rc %s, %r %r" % (rc, params_of(out), err[-300:]))
+        # (7) a key given twice: the last, as Python's json takes it
+        put(good.replace('"num_hidden_layers": 3', '"num_hidden_layers": 2, "num_hidden_layers": 3'))
+        rc, out, err = run("gpipe-train", [cfg, "--dry-run"])
+        check(rc == 0 and params_of(out) == GOOD_PARAMS,
+              "a key given twice takes the last value: %r" % params_of(out))
+        put(good.replace('"num_hidden_layers": 3', '"num_hidden_layers": 3, "num_hidden_layers": 0'))
+        refused(d, cfg, "a key given twice, the last bad", [cj, "num_hidden_layers"])
+        # the YAML's size wins over the file's, and a bad file value it replaces is not read
+        c = dict(GOOD)
+        c["num_attention_heads"] = 0
+        put(json.dumps(c))
+        over = yaml(d, folder, "{heads: 4, kv_heads: 2}")
+        rc, out, err = run("gpipe-train", [over, "--dry-run"])
+        check(rc == 0 and params_of(out) == GOOD_PARAMS,
+              "the YAML's heads replace the file's bad one: rc %s %r" % (rc, err[-300:]))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    print("test_hf_config: %d passed, %d failed" % (passed, failed))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
