@@ -245,8 +245,12 @@ static gp_status fetch(const gp_st_file *f, int i, uint8_t *dst)
     return GP_OK;
 }
 
-/* One tensor of the converted file, `name`, from the sources stacked. */
-static gp_status add_out(hf_ctx *c, gp_st_file *out, const char *name, const hf_src *src, int n)
+/* gpipe's tensor `name` stacked from the n HF tensors src (rows want[q]
+ * each, their own shape checked: a folder whose q, k and v, or gate and
+ * up, split the stacked rows otherwise is another model, as transformers
+ * says, even where the total matches). */
+static gp_status add_out(hf_ctx *c, gp_st_file *out, const char *name, const hf_src *src, int n,
+                         const int64_t *want)
 {
     if (out->n == c->cap) {
         int cap = c->cap ? 2 * c->cap : 64;
@@ -269,6 +273,14 @@ static gp_status add_out(hf_ctx *c, gp_st_file *out, const char *name, const hf_
             return gp_error_set(GP_ERR_DATA, "%s: tensors '%s' and '%s' do not stack into "
                                 "gpipe's %s (their shapes differ past the first axis)", c->dir,
                                 a->name, b->name, name);
+        if (n > 1 && want[q] >= 0 && b->dims[0] != want[q])
+            return gp_error_set(GP_ERR_DATA, "%s: tensor '%s' has %lld rows where this model "
+                                "takes %lld (its %s stacks %d tensors of %s): the folder is of "
+                                "another model; set model.llama's heads, kv_heads, width and "
+                                "intermediate to its config.json's", c->dir, b->name,
+                                (long long)b->dims[0], (long long)want[q], name, n,
+                                n == 3 ? "heads x head size, then k's and v's kv_heads x head "
+                                         "size" : "the intermediate size each");
         rows += b->dims[0];
     }
     gp_st_tensor *t = &out->tensors[out->n];
@@ -290,6 +302,39 @@ static gp_status add_out(hf_ctx *c, gp_st_file *out, const char *name, const hf_
     memcpy(c->o[out->n].s, src, (size_t)n * sizeof *src);
     out->n++;
     return GP_OK;
+}
+
+/* Whether shard i's tensor t holds the bits of the folder's
+ * model.embed_tokens.weight (same type and shape): a tied model's save
+ * that kept the head's copy.  Read in 16 MiB pieces. */
+static gp_status same_as_embedding(const hf_ctx *c, int i, const gp_st_tensor *t, bool *same)
+{
+    *same = false;
+    hf_src e;
+    if (!find_src(c, "model.embed_tokens.weight", &e)) return GP_OK;
+    const gp_st_tensor *et = e.t;
+    if (strcmp(t->dtype_name, et->dtype_name) || t->ndim != et->ndim ||
+        t->end - t->begin != et->end - et->begin)
+        return GP_OK;
+    for (int d = 0; d < t->ndim; d++)
+        if (t->dims[d] != et->dims[d]) return GP_OK;
+    const size_t piece = (size_t)16 << 20;
+    uint8_t *a = malloc(piece), *b = malloc(piece);
+    gp_status s = a && b ? GP_OK : gp_error_set(GP_ERR_OOM, "out of host memory reading '%s'",
+                                                c->dir);
+    bool eq = true;
+    for (uint64_t off = 0; s == GP_OK && eq && off < t->end - t->begin; off += piece) {
+        size_t n = (size_t)(t->end - t->begin - off < piece ? t->end - t->begin - off : piece);
+        s = gp_st_pread(c->sh[i].fd, c->sh[i].path, c->sh[i].base + t->begin + off, a, n);
+        if (s == GP_OK)
+            s = gp_st_pread(c->sh[e.shard].fd, c->sh[e.shard].path,
+                            c->sh[e.shard].base + et->begin + off, b, n);
+        if (s == GP_OK) eq = !memcmp(a, b, n);
+    }
+    free(a);
+    free(b);
+    if (s == GP_OK) *same = eq;
+    return s;
 }
 
 /* ---- config.json against the model ------------------------------------------ */
@@ -509,7 +554,22 @@ gp_status gp_llama_read(const gp_wmodel *m, const char *path, gp_st_file *out)
                                      "%s takes; the folder is of another model (its layers "
                                      "or biases differ)", path, names[q], ours);
             }
-            if (s == GP_OK) s = add_out(c, out, ours, src, n);
+            /* the rows each part takes: q heads d, k and v kv_heads d (the
+             * model's attention layer); gate and up half each */
+            int64_t want[HF_MAX_SRC] = {-1, -1, -1}, dims[8] = {0};
+            int nd = 0;
+            if (n > 1 && gp_weights_has(m, ours, &nd, dims) && nd >= 1) {
+                const gp_layer *att = first_of(m, GP_LAYER_ATTENTION);
+                int64_t h = att ? att->spec.heads : 0;
+                int64_t kv = att ? (att->spec.kv_heads ? att->spec.kv_heads : h) : 0;
+                if (n == 3 && h > 0 && dims[0] % (h + 2 * kv) == 0) {
+                    int64_t d = dims[0] / (h + 2 * kv);
+                    want[0] = h * d, want[1] = kv * d, want[2] = kv * d;
+                } else if (n == 2 && dims[0] % 2 == 0) {
+                    want[0] = want[1] = dims[0] / 2;
+                }
+            }
+            if (s == GP_OK) s = add_out(c, out, ours, src, n, want);
             for (int q = 0; s == GP_OK && q < n; q++) {
                 int at = 0;
                 for (int i = 0; i < src[q].shard; i++) at += c->sh[i].hdr.n;
@@ -527,10 +587,21 @@ gp_status gp_llama_read(const gp_wmodel *m, const char *path, gp_st_file *out)
             const char *nm = c->sh[i].hdr.tensors[j].name;
             char b[256];
             if (used[at] || ends(nm, "rotary_emb.inv_freq", b, sizeof b)) continue;
-            /* a tied model's save may hold the head as the embedding's copy */
+            /* a tied model's save may hold the head as the embedding's copy;
+             * a head of its own is an untied model's, which transformers
+             * keeps: dropping it would train another model */
             if (!strcmp(nm, "lm_head.weight") &&
-                !gp_weights_has(m, "lm_head.weight", NULL, NULL))
+                !gp_weights_has(m, "lm_head.weight", NULL, NULL)) {
+                bool same = false;
+                s = same_as_embedding(c, i, &c->sh[i].hdr.tensors[j], &same);
+                if (s == GP_OK && !same)
+                    s = gp_error_set(GP_ERR_DATA, "%s holds an lm_head.weight of its own, not "
+                                     "model.embed_tokens.weight's copy, but this model ties its "
+                                     "head to the embedding: the folder's model is untied "
+                                     "(transformers keeps that head); set model.llama.tie: false",
+                                     c->sh[i].path);
                 continue;
+            }
             s = gp_error_set(GP_ERR_DATA, "%s holds '%s', which this model has no place for; "
                              "the folder is of another model (set model.llama to its "
                              "config.json's sizes)", c->sh[i].path, nm);

@@ -1,0 +1,164 @@
+#!/usr/bin/python3
+"""test_hf_folder.py — a Hugging Face Llama folder whose tensors do not fit
+the model is refused by name, as transformers refuses it (issue 77, items
+6 and 7).
+
+A small untied Llama (2 blocks, 4 heads over 2 k/v heads of 8, width 32,
+MLP 64, vocabulary 256) trains one step and is exported with
+--export-format hf; the folder is then rewritten here (safetensors written
+by hand, no torch) and given to model.init_from:
+
+  6. q, k and v of 40, 12 and 12 rows instead of 32, 16 and 16, and gate
+     and up of 60 and 68 instead of 64 and 64 (the stacked totals the
+     same, which was all gpipe checked): refused, naming the tensor, its
+     rows and the model's;
+  7. the untied folder (an lm_head of its own), its config.json saying
+     tie_word_embeddings true, under a tied model (model.llama.tie:
+     true): refused, naming lm_head.weight and tie
+     (gpipe dropped the head without a word; transformers keeps it); the
+     same folder with lm_head.weight = the embedding's bits (a tied
+     model's save that kept the copy) loads, and so does the untied model
+     from the untied folder.
+
+Needs GPIPE_BINARY_DIR (set by CTest).  Prints "test_hf_folder: N passed,
+N failed" last.
+"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(os.path.dirname(__file__), "..", "build"))
+passed = failed = 0
+SIZES = "layers: 2, heads: 4, kv_heads: 2, width: 32, intermediate: 64, vocab: 256, positions: 16"
+
+
+def check(ok, what):
+    global passed, failed
+    if ok:
+        passed += 1
+    else:
+        failed += 1
+        print("FAIL: " + what)
+
+
+def yaml(d, name, tie, init=None):
+    p = os.path.join(d, name)
+    with open(p, "w") as f:
+        f.write("model:\n  input: [16]\n  llama: {%s, tie: %s}\n%s  loss: cross_entropy\n"
+                "data: {dataset: synthetic}\ntrain: {steps: 1, batch_size: 4, log_every: 1}\n"
+                % (SIZES, "true" if tie else "false",
+                   "  init_from: %s\n" % init if init else ""))
+    return p
+
+
+def gpipe(args):
+    r = subprocess.run([os.path.join(BIN, "gpipe-train")] + args, capture_output=True, text=True,
+                       timeout=120, stdin=subprocess.DEVNULL)
+    return r.returncode, r.stderr
+
+
+def st_read(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    meta = h.pop("__metadata__", None)
+    data = b[8 + n:]
+    ts = {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
+          for k, v in h.items()}
+    return ts, meta
+
+
+def st_write(path, ts, meta):
+    h, off, blobs = {}, 0, []
+    for k, (dt, shape, raw) in ts.items():
+        h[k] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(raw)]}
+        off += len(raw)
+        blobs.append(raw)
+    if meta:
+        h["__metadata__"] = meta
+    hb = json.dumps(h).encode()
+    hb += b" " * (-len(hb) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)) + hb + b"".join(blobs))
+
+
+def resplit(ts, names, rows, cols):
+    """The tensors `names` re-cut from their bytes in order into `rows`."""
+    raw = b"".join(ts[n][2] for n in names)
+    at = 0
+    for n, r in zip(names, rows):
+        ts[n] = (ts[n][0], [r, cols], raw[at:at + r * cols * 4])
+        at += r * cols * 4
+
+
+def main():
+    d = tempfile.mkdtemp(prefix="gpipe_hffolder_")
+    try:
+        src = os.path.join(d, "untied")
+        rc, err = gpipe([yaml(d, "a.yaml", False), "--export-weights", src, "--export-format",
+                         "hf"])
+        check(rc == 0 and os.path.exists(os.path.join(src, "model.safetensors")),
+              "the untied model exports a folder: rc %s %r" % (rc, err[-300:]))
+        st = os.path.join(src, "model.safetensors")
+        ts, meta = st_read(st)
+        check(ts["model.layers.0.self_attn.q_proj.weight"][1] == [32, 32] and
+              ts["model.layers.0.self_attn.k_proj.weight"][1] == [16, 32],
+              "the export's q and k are 32 and 16 rows")
+        rc, err = gpipe([yaml(d, "u.yaml", False, src)])
+        check(rc == 0, "the untied model loads the untied folder: rc %s %r" % (rc, err[-300:]))
+
+        def variant(name, edit):
+            v = os.path.join(d, name)
+            shutil.copytree(src, v)
+            t2 = dict(ts)
+            edit(t2)
+            st_write(os.path.join(v, "model.safetensors"), t2, meta)
+            return v
+
+        # 6: each tensor's own rows
+        qkv = ["model.layers.1.self_attn.%s_proj.weight" % x for x in "qkv"]
+        v = variant("qkv", lambda t: resplit(t, qkv, [40, 12, 12], 32))
+        rc, err = gpipe([yaml(d, "q.yaml", False, v)])
+        check(rc not in (0, None) and rc > 0, "q/k/v of 40/12/12 rows refused: rc %s" % rc)
+        for needle in ("q_proj.weight", "40 rows", "takes 32"):
+            check(needle in err, "the q/k/v error says %r: %r" % (needle, err[-400:]))
+        gu = ["model.layers.0.mlp.%s_proj.weight" % x for x in ("gate", "up")]
+        v = variant("gateup", lambda t: resplit(t, gu, [60, 68], 32))
+        rc, err = gpipe([yaml(d, "g.yaml", False, v)])
+        check(rc > 0, "gate/up of 60/68 rows refused: rc %s" % rc)
+        for needle in ("gate_proj.weight", "60 rows", "takes 64"):
+            check(needle in err, "the gate/up error says %r: %r" % (needle, err[-400:]))
+
+        # 7: a tied model and a folder with its own head, whose config.json
+        # says tied (else that check names tie_word_embeddings first)
+        def tied_config(folder):
+            p = os.path.join(folder, "config.json")
+            c = json.load(open(p))
+            c["tie_word_embeddings"] = True
+            json.dump(c, open(p, "w"))
+            return folder
+        v = tied_config(variant("ownhead", lambda t: None))
+        rc, err = gpipe([yaml(d, "t.yaml", True, v)])
+        check(rc > 0, "a tied model refuses the untied folder: rc %s" % rc)
+        for needle in ("lm_head.weight", "tie: false"):
+            check(needle in err, "the tie error says %r: %r" % (needle, err[-400:]))
+
+        def copy_head(t):
+            e = t["model.embed_tokens.weight"]
+            t["lm_head.weight"] = (e[0], list(e[1]), e[2])
+        v = tied_config(variant("tiedcopy", copy_head))
+        rc, err = gpipe([yaml(d, "tc.yaml", True, v)])
+        check(rc == 0, "a tied model loads a folder whose lm_head is the embedding's copy: rc %s "
+              "%r" % (rc, err[-300:]))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    print("test_hf_folder: %d passed, %d failed" % (passed, failed))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
