@@ -18,7 +18,10 @@ next) learns it; then gpipe-sample, from the run's snapshot:
   --samples 3 gives three continuations, and nearly all of their bytes
   follow the pattern (a sampler that ignored the logits would not);
 - --out writes an llm.c token file that scripts/tokenize_text.py decodes
-  back to the printed text; past 65,536 ids llm.c's uint32 file;
+  back to the printed text (with --samples 3, the three samples in turn,
+  issue 77); past 65,536 ids llm.c's uint32 file;
+- weights whose logits overflow are an error naming the sample and
+  position, with and without the cache, not a token drawn from NaN;
 - refuses what it cannot do, saying what to give instead: a prompt id
   outside the vocabulary, a model that is not a language model, --prompt
   and --prompt-ids together;
@@ -77,6 +80,29 @@ def config(d):
 def run(*args, timeout=300):
     r = subprocess.run(list(args), capture_output=True, timeout=timeout)
     return r.returncode, r.stdout.decode("latin-1"), r.stderr.decode("latin-1")
+
+
+def overflow_weights(src, dst):
+    """src's weights with the final norm's gain at 3e38: every logit
+    overflows (inf, or NaN where infinities cancel)."""
+    import json
+    import struct
+    b = open(src, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    data = bytearray(b[8 + n:])
+    names = [k for k in h if k != "__metadata__" and "ln_f" in k and k.endswith("weight")]
+    assert names, sorted(h)
+    lo, hi = h[names[0]]["data_offsets"]
+    assert h[names[0]]["dtype"] == "F32"
+    data[lo:hi] = struct.pack("<f", 3e38) * ((hi - lo) // 4)
+    # the data changed: its checksum goes (a file without one loads as PyTorch's do)
+    meta = h.get("__metadata__", {})
+    for k in [k for k in meta if "crc" in k.lower() or "checksum" in k.lower()]:
+        del meta[k]
+    hb = json.dumps(h).encode()
+    hb += b" " * (-len(hb) % 8)
+    open(dst, "wb").write(struct.pack("<Q", len(hb)) + hb + bytes(data))
 
 
 def sample(*args):
@@ -156,6 +182,24 @@ def main():
         check(rc == 0 and rc2 == 0 and dec.rstrip("\n") == out.rstrip("\n"),
               "--out decodes to the printed text: %r %r (%s %s)" % (dec, out, err, err2))
 
+        # issue 77: --samples N --out writes every sample, in turn
+        tok3 = os.path.join(d, "out3.bin")
+        rc, many, err = sample(*args, "--samples", "3", "--out", tok3)
+        rc2, dec, err2 = run("/usr/bin/python3", os.path.join(SRC, "scripts", "tokenize_text.py"),
+                             "decode", tok3)
+        texts = [p.split("\n", 1)[1].rstrip("\n") for p in many.split("--- sample ") if p]
+        check(rc == 0 and rc2 == 0 and len(texts) == 3 and dec.rstrip("\n") == "".join(texts),
+              "--samples 3 --out: the file holds the three samples in turn: %r %r (%s %s)"
+              % (dec, texts, err, err2))
+        # issue 77: logits that are not finite are an error, not a token drawn from them
+        nan_w = os.path.join(d, "overflow.safetensors")
+        overflow_weights(weights, nan_w)
+        for extra in ([], ["--no-cache"]):
+            rc, bad, err = sample(cfg, "--weights", nan_w, "--prompt", "cde", "--tokens", "5",
+                                  "--temperature", "0", *extra)
+            check(rc > 0 and "not finite" in err and bad == "",
+                  "weights whose logits overflow %s: refused, nothing printed: rc %s %r %r"
+                  % (extra, rc, bad, err[-300:]))
         rc, _, err = sample(cfg, "--resume", snap, "--prompt-ids", "97,300")
         check(rc == 2 and "[0, 256)" in err, "an id outside the vocabulary: %s" % err)
         rc, _, err = sample(cfg, "--resume", snap, "--prompt", "a", "--prompt-ids", "97")

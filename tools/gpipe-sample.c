@@ -28,7 +28,8 @@
  *
  * Tokens: byte-level (a vocabulary of 256: the prompt's bytes, the output
  * printed as bytes) by default there; otherwise --prompt-ids and ids out,
- * and --out writes the tokens as an llm.c token file for
+ * and --out writes the tokens (every sample's prompt and continuation, in
+ * turn) as an llm.c token file for
  * scripts/tokenize_text.py decode (GPT-2's BPE where tiktoken's encoding
  * file is on the machine): uint16 ids, or llm.c's Llama 3 format (uint32)
  * for a vocabulary past 65,536.
@@ -71,7 +72,8 @@ static void usage(FILE *f)
           "                      token costs one position per layer)\n"
           "  --ids               print token ids, not bytes\n"
           "  --out FILE.bin      also write prompt + continuation as an llm.c token file\n"
-          "                      (scripts/tokenize_text.py decode FILE.bin prints it);\n"
+          "                      (scripts/tokenize_text.py decode FILE.bin prints it),\n"
+          "                      every sample's in turn with --samples N;\n"
           "                      checked before any work, never one of the inputs\n"
           "  --set KEY=VALUE     override a config value (repeatable)\n"
           "  -q, --quiet         only errors\n"
@@ -322,6 +324,22 @@ typedef struct sampler {
     gp_decoder *dec; /* the KV cache, or NULL: the window */
 } sampler;
 
+/* Sample q's logits for position pos, checked before a token is drawn
+ * from them: a NaN or an infinity (weights that overflow, a diverged
+ * run's snapshot) has no largest value, and drawing from it printed one
+ * token over and over with exit 0 (issue 77). */
+static gp_status logits_finite(const float *l, int64_t V, int64_t q, int64_t pos)
+{
+    for (int64_t v = 0; v < V; v++)
+        if (!isfinite(l[v]))
+            return gp_error_set(GP_ERR_DATA, "the logits of sample %lld at position %lld are not "
+                                "finite (token %lld's is %g): the model's output overflows or is "
+                                "NaN with these weights; check them (a run that diverged, or "
+                                "weights of another scale), nothing was sampled from them",
+                                (long long)q, (long long)pos, (long long)v, (double)l[v]);
+    return GP_OK;
+}
+
 /* Tokens len .. cap-1 of every sample with the cache: the context's last
  * positions fed (all of them first, the last T / 2 again whenever the
  * cache is full), then one position per token. */
@@ -342,8 +360,10 @@ static gp_status generate_cached(sampler *s, const sample_opts *o)
         for (int64_t q = 0; q < s->S; q++)
             for (int64_t t = 0; t < n; t++) s->x[q * n + t] = (float)s->ids[q * s->cap + w0 + t];
         GP_TRY(gp_decoder_feed(s->dec, s->x, n, 0, s->y));
-        for (int64_t q = 0; q < s->S; q++)
+        for (int64_t q = 0; q < s->S; q++) {
+            GP_TRY(logits_finite(s->y + q * s->Vp, s->V, q, s->len));
             s->ids[q * s->cap + s->len] = draw(s->y + q * s->Vp, s->V, o, &rng, s->idx, s->p);
+        }
     }
     return GP_OK;
 }
@@ -359,9 +379,11 @@ static gp_status generate(sampler *s, const sample_opts *o)
             for (int64_t t = 0; t < s->T; t++)
                 s->x[q * s->T + t] = t < w ? (float)s->ids[q * s->cap + w0 + t] : 0.0f;
         GP_TRY(gp_run_predict(s->run, s->x, s->S, s->y));
-        for (int64_t q = 0; q < s->S; q++)
-            s->ids[q * s->cap + s->len] =
-                draw(s->y + (q * s->T + w - 1) * s->Vp, s->V, o, &rng, s->idx, s->p);
+        for (int64_t q = 0; q < s->S; q++) {
+            const float *l = s->y + (q * s->T + w - 1) * s->Vp;
+            GP_TRY(logits_finite(l, s->V, q, s->len));
+            s->ids[q * s->cap + s->len] = draw(l, s->V, o, &rng, s->idx, s->p);
+        }
     }
     return GP_OK;
 }
@@ -473,7 +495,8 @@ static int run_sampler(const sample_opts *o)
                 "--out FILE.bin writes them for scripts/tokenize_text.py decode, which decodes "
                 "GPT-2's BPE where tiktoken's encoding file is on this machine\n",
                 (long long)s.V);
-    if (code == EXIT_OK && o->out) code = write_tokens(o->out, s.ids, s.cap, s.V);
+    /* every sample, one after the other (each its prompt and continuation) */
+    if (code == EXIT_OK && o->out) code = write_tokens(o->out, s.ids, s.S * s.cap, s.V);
     free(s.ids);
     free(s.x);
     free(s.y);
