@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """test_hf_folder.py — a Hugging Face Llama folder whose tensors do not fit
 the model is refused by name, as transformers refuses it (issue 77, items
-6 and 7).
+6 and 7), and the export's environment variable is checked (item 10).
 
 A small untied Llama (2 blocks, 4 heads over 2 k/v heads of 8, width 32,
 MLP 64, vocabulary 256) trains one step and is exported with
@@ -19,6 +19,11 @@ by hand, no torch) and given to model.init_from:
      same folder with lm_head.weight = the embedding's bits (a tied
      model's save that kept the copy) loads, and so does the untied model
      from the untied folder.
+
+10. Environment variables are read as options are: GPIPE_HF_SHARD_BYTES=-5
+    and ='20 kB' are refused naming the variable (-5 was taken), =20kB is
+    20,000 bytes (it was read as 20: fewer shards than =20 gives), and
+    GPIPE_TEST_FAIL_STEP=1x is refused.
 
 Needs GPIPE_BINARY_DIR (set by CTest).  Prints "test_hf_folder: N passed,
 N failed" last.
@@ -55,9 +60,10 @@ def yaml(d, name, tie, init=None):
     return p
 
 
-def gpipe(args):
+def gpipe(args, env=None):
     r = subprocess.run([os.path.join(BIN, "gpipe-train")] + args, capture_output=True, text=True,
-                       timeout=120, stdin=subprocess.DEVNULL)
+                       timeout=120, stdin=subprocess.DEVNULL,
+                       env=dict(os.environ, **env) if env else None)
     return r.returncode, r.stderr
 
 
@@ -154,6 +160,28 @@ def main():
         rc, err = gpipe([yaml(d, "tc.yaml", True, v)])
         check(rc == 0, "a tied model loads a folder whose lm_head is the embedding's copy: rc %s "
               "%r" % (rc, err[-300:]))
+
+        # 10: environment variables checked as options
+        def shards(val):
+            out = os.path.join(d, "sh_" + val.replace("-", "m"))
+            rc, err = gpipe([yaml(d, "a.yaml", False), "--export-weights", out,
+                             "--export-format", "hf"], {"GPIPE_HF_SHARD_BYTES": val})
+            n = len([f for f in os.listdir(out) if f.endswith(".safetensors")]) \
+                if os.path.isdir(out) else 0
+            return rc, err, n
+        rc, err, _ = shards("-5")
+        check(rc > 0 and "GPIPE_HF_SHARD_BYTES='-5'" in err,
+              "GPIPE_HF_SHARD_BYTES=-5 refused, naming it: rc %s %r" % (rc, err[-300:]))
+        rc, err, _ = shards("20 kB")
+        check(rc > 0 and "GPIPE_HF_SHARD_BYTES" in err, "GPIPE_HF_SHARD_BYTES='20 kB' refused")
+        rc1, err1, n_bytes = shards("20")
+        rc2, err2, n_kb = shards("20kB")
+        check(rc1 == 0 and rc2 == 0 and 1 < n_kb < n_bytes,
+              "GPIPE_HF_SHARD_BYTES=20kB is 20,000 bytes, not 20: %d shards against 20's %d "
+              "(%s %s)" % (n_kb, n_bytes, err1[-200:], err2[-200:]))
+        rc, err = gpipe([yaml(d, "a.yaml", False)], {"GPIPE_TEST_FAIL_STEP": "1x"})
+        check(rc > 0 and "GPIPE_TEST_FAIL_STEP='1x'" in err,
+              "GPIPE_TEST_FAIL_STEP=1x refused: rc %s %r" % (rc, err[-300:]))
     finally:
         shutil.rmtree(d, ignore_errors=True)
     print("test_hf_folder: %d passed, %d failed" % (passed, failed))

@@ -182,6 +182,14 @@ const char *gp_write_advice(int e, char *buf, size_t len);
 int gp_open_regular(const char *path);
 FILE *gp_fopen_regular(const char *path);
 const char *gp_open_strerror(int e);
+
+/* An environment variable read as an option is (issue 77: =-5 was taken,
+ * =20kB read as 20): unset or empty gives def; otherwise the whole value
+ * must be a whole number in [lo, hi], or the error names the variable, its
+ * value and the range.  gp_env_bytes also takes a unit as save_pretrained's
+ * max_shard_size does: kB, MB, GB (powers of 1000) or KiB, MiB, GiB. */
+gp_status gp_env_int(const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out);
+gp_status gp_env_bytes(const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out);
 /* Whether the folder that holds `path` (its directory part, "." for a bare
  * name) is `dir`, the same folder on disk, whatever the spelling; false
  * when either does not exist. */

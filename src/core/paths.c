@@ -202,6 +202,50 @@ FILE *gp_fopen_regular(const char *path)
     return f;
 }
 
+static gp_status env_value(const char *name, bool bytes, int64_t def, int64_t lo, int64_t hi,
+                           int64_t *out)
+{
+    const char *v = getenv(name);
+    *out = def;
+    if (!v || !*v) return GP_OK;
+    char *end = NULL;
+    errno = 0;
+    long long n = strtoll(v, &end, 10);
+    bool ok = end != v && errno == 0 && (*v == '-' || (*v >= '0' && *v <= '9'));
+    int64_t unit = 1;
+    if (ok && bytes && *end) {
+        static const struct { const char *s; int64_t u; } units[] = {
+            {"B", 1}, {"kB", 1000}, {"KB", 1000}, {"MB", 1000000}, {"GB", 1000000000},
+            {"KiB", 1024}, {"MiB", 1 << 20}, {"GiB", 1 << 30}};
+        unit = 0;
+        for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+            if (!strcmp(end, units[i].s)) unit = units[i].u;
+        ok = unit > 0;
+        end += strlen(end);
+    }
+    if (ok && *end) ok = false;
+    if (ok && unit > 1 && (n > INT64_MAX / unit || n < INT64_MIN / unit)) ok = false;
+    if (ok) n *= unit;
+    if (!ok || n < lo || n > hi)
+        return gp_error_set(GP_ERR_INVALID, "environment variable %s='%s': not %s from %lld to "
+                            "%lld; unset it, or give one%s", name, v,
+                            bytes ? "a number of bytes" : "a whole number", (long long)lo,
+                            (long long)hi, bytes ? " (a unit may follow: kB, MB, GB, KiB, MiB, "
+                                                   "GiB)" : "");
+    *out = n;
+    return GP_OK;
+}
+
+gp_status gp_env_int(const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out)
+{
+    return env_value(name, false, def, lo, hi, out);
+}
+
+gp_status gp_env_bytes(const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out)
+{
+    return env_value(name, true, def, lo, hi, out);
+}
+
 const char *gp_open_strerror(int e)
 {
     return e == EINVAL ? "not a regular file (a folder, a FIFO or a device)" : strerror(e);

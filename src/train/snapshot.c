@@ -1596,8 +1596,13 @@ gp_status gp_snapshot_save_async(gp_model *m, const gp_config *cfg, const gp_sna
     if (bg->gate) {
         GP_DEBUG("snapshot of step %lld: %d tensors copied in the background",
                  (long long)pos->step, bg->copies.n);
-        const char *slow = getenv("GPIPE_SNAPSHOT_SLOW_COPY_MS");
-        bg->slow_copy_ms = slow ? strtol(slow, NULL, 10) : 0;
+        int64_t slow = 0; /* a test hook, read on the way to the writer's thread,
+                           * which has no error path: a bad value is warned of */
+        if (gp_env_int("GPIPE_SNAPSHOT_SLOW_COPY_MS", 0, 0, 3600000, &slow) != GP_OK) {
+            GP_WARN("%s; no pause", gp_last_error());
+            gp_error_clear();
+        }
+        bg->slow_copy_ms = slow;
         gp_gate_close(bg->gate);
     }
     atomic_store(&bg->finished, false);

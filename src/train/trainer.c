@@ -1149,8 +1149,7 @@ static void run_init(train_run *r, const gp_config *cfg, const gp_train_opts *op
     res->test_loss = NAN;
     res->test_accuracy = NAN;
     res->final_grad_norm = NAN;
-    const char *fail_env = getenv("GPIPE_TEST_FAIL_STEP");
-    r->fail_step = fail_env ? strtoll(fail_env, NULL, 10) : -1;
+    r->fail_step = -1; /* GPIPE_TEST_FAIL_STEP, read with the other options below */
     r->mp = opts->keep_model ? opts->keep_model : &r->model_here;
     memset(r->mp, 0, sizeof *r->mp);
     r->out.tb_dir = opts->tensorboard_dir ? opts->tensorboard_dir : cfg->train.tensorboard;
@@ -1183,6 +1182,8 @@ static gp_status run_check_outputs(train_run *r)
     if (opts->export_path && gp_procs_rank() == 0) /* processes: rank 0 writes it */
         chk = check_export_path(cfg, opts);
     if (chk == GP_OK) chk = check_outputs_spare_inputs(cfg, opts, r->out.tb_dir, r->out.tb_what);
+    /* a test hook read as an option is (tests/test_snapshot.c) */
+    if (chk == GP_OK) chk = gp_env_int("GPIPE_TEST_FAIL_STEP", -1, -1, INT64_MAX, &r->fail_step);
     /* the files opened below, checked before either is (a metrics file
      * emptied for a trace path that then fails would be lost) */
     if (chk == GP_OK && opts->metrics_path)

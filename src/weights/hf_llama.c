@@ -847,8 +847,9 @@ gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16)
     /* shards of at most GPIPE_HF_SHARD_BYTES (default 5 GB, save_pretrained's
      * max_shard_size), tensors in the model's order */
     uint64_t limit = 5000000000ull, at = 0, total = 0;
-    const char *env = getenv("GPIPE_HF_SHARD_BYTES");
-    if (env && strtoull(env, NULL, 10) > 0) limit = strtoull(env, NULL, 10);
+    int64_t env_limit;
+    GP_TRY(gp_env_bytes("GPIPE_HF_SHARD_BYTES", (int64_t)limit, 1, (int64_t)1 << 50, &env_limit));
+    limit = (uint64_t)env_limit;
     int shard = 0;
     for (int i = 0; i < n; i++) {
         uint64_t bytes = (uint64_t)(v[i].rows * (v[i].cols ? v[i].cols : 1)) * (bf16 ? 2 : 4);

@@ -1003,9 +1003,12 @@ gp_status gp_st_write_atomic(gp_st_writer *w, const char *path)
 {
     gp_json_writer h = {0};
     GP_TRY(build_header(w, &h));
-    long slow = 0;
-    const char *env = getenv("GPIPE_SNAPSHOT_SLOW_WRITE_MS");
-    if (env) slow = strtol(env, NULL, 10);
+    int64_t slow = 0; /* a test hook (test_snapshot.c) */
+    gp_status es = gp_env_int("GPIPE_SNAPSHOT_SLOW_WRITE_MS", 0, 0, 3600000, &slow);
+    if (es != GP_OK) {
+        gp_json_writer_free(&h);
+        return es;
+    }
     gp_atomic_file a;
     gp_status s = gp_atomic_open(path, &a);
     if (s != GP_OK) {
