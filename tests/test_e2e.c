@@ -597,8 +597,9 @@ static void test_outputs_spare_inputs(void)
         /* the config, spelled another way (./) */
         snprintf(cmd, sizeof cmd, "cd %s && %s spare.yaml -q %s ./spare.yaml", tmpdir, bin,
                  opts[o]);
-        CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "is the config (spare.yaml): "
-                                                                "writing it would replace it"),
+        CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "is the config (spare.yaml), or a "
+                                                                "file of it: writing it would "
+                                                                "replace what the run reads"),
                   "%s: %s", opts[o], out);
         /* model.init_from */
         snprintf(cmd, sizeof cmd, "%s %s -q --set model.init_from=%s %s %s", bin, cfg, w,

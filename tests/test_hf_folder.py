@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """test_hf_folder.py — a Hugging Face Llama folder whose tensors do not fit
 the model is refused by name, as transformers refuses it (issue 77, items
-6 and 7), and the export's environment variable is checked (item 10).
+6 and 7), outputs never replace a folder's files (item 13), and the
+export's environment variable is checked (item 10).
 
 A small untied Llama (2 blocks, 4 heads over 2 k/v heads of 8, width 32,
 MLP 64, vocabulary 256) trains one step and is exported with
@@ -20,6 +21,12 @@ by hand, no torch) and given to model.init_from:
      model's save that kept the copy) loads, and so does the untied model
      from the untied folder.
 
+13. An output inside the input folder (gpipe-sample --weights D --out
+    D/model.safetensors; gpipe-train --export-weights D/model.safetensors
+    or --metrics there with model.init_from D; an hf export to D with
+    model.init_from D/model.safetensors; a hard link of D's file) is
+    refused and the folder left byte for byte; a file it is not made of
+    (metrics.jsonl) may go there.
 10. Environment variables are read as options are: GPIPE_HF_SHARD_BYTES=-5
     and ='20 kB' are refused naming the variable (-5 was taken), =20kB is
     20,000 bytes (it was read as 20: fewer shards than =20 gives), and
@@ -160,6 +167,39 @@ def main():
         rc, err = gpipe([yaml(d, "tc.yaml", True, v)])
         check(rc == 0, "a tied model loads a folder whose lm_head is the embedding's copy: rc %s "
               "%r" % (rc, err[-300:]))
+
+        # 13: an output inside an input folder, or a hard link of one of its
+        # files, is refused and the input left byte for byte
+        member = os.path.join(src, "model.safetensors")
+        before = open(member, "rb").read()
+        link = os.path.join(d, "hard.safetensors")
+        os.link(member, link)
+        r = subprocess.run([os.path.join(BIN, "gpipe-sample"), yaml(d, "s.yaml", False, src),
+                            "--weights", src, "--out", member, "--prompt-ids", "1,2",
+                            "--tokens", "2"], capture_output=True, text=True, timeout=120)
+        check(r.returncode > 0 and "--out" in r.stderr and "replace" in r.stderr,
+              "gpipe-sample --weights D --out D/model.safetensors refused: rc %s %r"
+              % (r.returncode, r.stderr[-300:]))
+        for name, args in (("--export-weights D/model.safetensors",
+                            [yaml(d, "o.yaml", False, src), "--export-weights", member]),
+                           ("init_from D/model.safetensors, --export-weights D (hf)",
+                            [yaml(d, "o.yaml", False, member), "--export-weights", src,
+                             "--export-format", "hf"]),
+                           ("--export-weights a hard link of D's file",
+                            [yaml(d, "o.yaml", False, src), "--export-weights", link]),
+                           ("--metrics D/model.safetensors",
+                            [yaml(d, "o.yaml", False, src), "--metrics", member])):
+            rc, err = gpipe(args)
+            check(rc > 0 and "replace what the run reads" in err,
+                  "%s with model.init_from D refused: rc %s %r" % (name, rc, err[-300:]))
+        check(open(member, "rb").read() == before, "the input folder's file is unchanged")
+        os.remove(link)
+        metrics = os.path.join(src, "metrics.jsonl")
+        rc, err = gpipe([yaml(d, "m.yaml", False, src), "--metrics", metrics])
+        check(rc == 0 and os.path.exists(metrics),
+              "a file the folder is not made of (metrics.jsonl) may go in it: rc %s %r"
+              % (rc, err[-300:]))
+        os.remove(metrics)
 
         # 10: environment variables checked as options
         def shards(val):

@@ -199,6 +199,14 @@ bool gp_path_in_dir(const char *path, const char *dir);
  * the same (resolved) directory, so two outputs not yet written compare
  * too; false where only one exists. */
 bool gp_same_file(const char *a, const char *b);
+/* Whether writing `out` (a file, or a folder of a Hugging Face export)
+ * could replace what reading `in` (a file, or a folder gpipe reads, like a
+ * Hugging Face model's) reads: the same file whatever the spelling (hard
+ * links too: gp_same_file), or one inside the other where the inner one is
+ * a member such a folder is made of (config.json, generation_config.json,
+ * *.safetensors, *.index.json).  Issue 77: `--out D/model.safetensors`
+ * with `--weights D` replaced the input, as whole paths were compared. */
+bool gp_path_overlaps(const char *out, const char *in);
 
 /* ------------------------------------------------------------------------ */
 /* counter-based RNG: Philox4x32-10                                          */

@@ -12,6 +12,7 @@
 #define _DEFAULT_SOURCE /* realpath */
 #include "core/core.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -291,6 +292,60 @@ static bool resolved_name(const char *path, char *out, size_t len)
         return false;
     snprintf(out, len, "%s/%s", strcmp(real, "/") ? real : "", base);
     return true;
+}
+
+/* A file a model folder is made of, by its name. */
+static bool folder_member(const char *path)
+{
+    const char *slash = strrchr(path, '/'), *b = slash ? slash + 1 : path;
+    size_t n = strlen(b);
+    static const char *const tails[] = {".safetensors", ".index.json"};
+    if (!strcmp(b, "config.json") || !strcmp(b, "generation_config.json")) return true;
+    for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
+        size_t t = strlen(tails[i]);
+        if (n > t && !strcmp(b + n - t, tails[i])) return true;
+    }
+    return false;
+}
+
+static bool is_dir_path(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* Whether the existing file `f` is (a hard link of) a member of folder dir. */
+static bool linked_member(const char *f, const char *dir)
+{
+    struct stat fs;
+    if (stat(f, &fs) != 0 || !S_ISREG(fs.st_mode)) return false;
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    bool hit = false;
+    struct dirent *e;
+    while (!hit && (e = readdir(d)) != NULL) {
+        char p[PATH_LEN];
+        if (!folder_member(e->d_name) ||
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= (int)sizeof p)
+            continue;
+        struct stat ms;
+        hit = stat(p, &ms) == 0 && ms.st_dev == fs.st_dev && ms.st_ino == fs.st_ino;
+    }
+    closedir(d);
+    return hit;
+}
+
+bool gp_path_overlaps(const char *out, const char *in)
+{
+    if (!out || !in || !out[0] || !in[0]) return false;
+    if (!strcmp(out, in) || gp_same_file(out, in)) return true;
+    if (is_dir_path(in) &&
+        ((folder_member(out) && gp_path_in_dir(out, in)) || linked_member(out, in)))
+        return true;
+    if (is_dir_path(out) &&
+        ((folder_member(in) && gp_path_in_dir(in, out)) || linked_member(in, out)))
+        return true;
+    return false;
 }
 
 bool gp_same_file(const char *a, const char *b)

@@ -390,10 +390,10 @@ static gp_status spares_inputs(const gp_run *r, const char *path, const char *wh
                 {gp_opt_name(GP_OPT_INIT_FROM), r->cfg.model.init_from}};
     for (int k = 0; k < 2; k++) {
         const char *in = ins[k].path;
-        if (in[0] && (!strcmp(path, in) || gp_same_file(path, in)) && access(in, F_OK) == 0)
-            return gp_error_set(GP_ERR_INVALID, "%s: %s is %s (%s): writing it would replace "
-                                "it; give the output another name", what, path, ins[k].what,
-                                in);
+        if (in[0] && gp_path_overlaps(path, in) && access(in, F_OK) == 0)
+            return gp_error_set(GP_ERR_INVALID, "%s: %s is %s (%s), or a file of it: writing "
+                                "it would replace what the run reads; give the output another "
+                                "name", what, path, ins[k].what, in);
     }
     return GP_OK;
 }

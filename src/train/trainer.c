@@ -987,10 +987,11 @@ static gp_status check_outputs_spare_inputs(const gp_config *cfg, const gp_train
         const char *out = outs[o].path;
         if (!out || !out[0]) continue;
         for (int k = 0; k < 3; k++)
-            if (same_path(out, ins[k].path))
-                return gp_error_set(GP_ERR_INVALID, "%s %s is %s (%s): writing it would "
-                                    "replace it; give the output another name", outs[o].opt,
-                                    out, ins[k].what, ins[k].path);
+            if (gp_path_overlaps(out, ins[k].path)) /* a folder's members too */
+                return gp_error_set(GP_ERR_INVALID, "%s %s is %s (%s), or a file of it: "
+                                    "writing it would replace what the run reads; give the "
+                                    "output another name", outs[o].opt, out, ins[k].what,
+                                    ins[k].path);
         for (int q = 0; q < o; q++)
             if (same_path(out, outs[q].path))
                 return gp_error_set(GP_ERR_INVALID, "%s and %s name the same file (%s); give "
