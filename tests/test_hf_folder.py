@@ -27,6 +27,8 @@ by hand, no torch) and given to model.init_from:
     model.init_from D/model.safetensors; a hard link of D's file) is
     refused and the folder left byte for byte; a file it is not made of
     (metrics.jsonl) may go there.
+16. A run that fails while loading its weights leaves an existing --metrics
+    file as it was (it was emptied).
 10. Environment variables are read as options are: GPIPE_HF_SHARD_BYTES=-5
     and ='20 kB' are refused naming the variable (-5 was taken), =20kB is
     20,000 bytes (it was read as 20: fewer shards than =20 gives), and
@@ -139,6 +141,14 @@ def main():
         check(rc not in (0, None) and rc > 0, "q/k/v of 40/12/12 rows refused: rc %s" % rc)
         for needle in ("q_proj.weight", "40 rows", "takes 32"):
             check(needle in err, "the q/k/v error says %r: %r" % (needle, err[-400:]))
+        # 16: a run that fails while loading its weights spares an existing metrics file
+        kept = os.path.join(d, "kept.jsonl")
+        with open(kept, "w") as f:
+            f.write('{"step": 1, "loss": 5.5}\n')
+        rc, err = gpipe([yaml(d, "q.yaml", False, v), "--metrics", kept])
+        check(rc > 0 and open(kept).read() == '{"step": 1, "loss": 5.5}\n',
+              "a run failing at its weights leaves --metrics as it was: rc %s %r"
+              % (rc, open(kept).read()))
         gu = ["model.layers.0.mlp.%s_proj.weight" % x for x in ("gate", "up")]
         v = variant("gateup", lambda t: resplit(t, gu, [60, 68], 32))
         rc, err = gpipe([yaml(d, "g.yaml", False, v)])

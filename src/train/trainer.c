@@ -1015,11 +1015,14 @@ static gp_status check_outputs_spare_inputs(const gp_config *cfg, const gp_train
  *
  *   run_check_outputs        every output checked, the snapshot directory
  *                            locked (nothing written yet)
- *   run_open_outputs         the metrics file and the trace opened
+ *   run_open_outputs         the trace opened
  *   run_load_data            both splits loaded and checked against the model
  *   run_place_model          balanced, devices opened, the model built
- *   run_start_loader         a resumed snapshot read, the loader started, the
- *                            metrics file and TensorBoard cut back to it
+ *   run_start_loader         the weights read (model.init_from, or the
+ *                            snapshot resumed), the loader started, the
+ *                            metrics file opened (run_open_metrics: one a
+ *                            run that fails before spares) and it and
+ *                            TensorBoard cut back to the snapshot
  *   run_plan                 the run's length, and what it says of it
  *   run_begin_steps          the clocks, and what a stop saves so far
  *   each step:
@@ -1205,8 +1208,30 @@ static gp_status run_check_outputs(train_run *r)
     return gp_snapshot_lock_run(cfg, opts->resume_path, &r->saves.lock);
 }
 
-/* The snapshot directory on every rank, then the metrics file and the
- * trace opened. */
+/* The metrics file opened (truncated, or appended to by a resumed run),
+ * once the model is built and its weights loaded: a run that fails before
+ * (a bad model.init_from, data that does not load) leaves an existing
+ * file as it was (issue 77: it was emptied).  Its path was checked with
+ * the other outputs before anything was read. */
+static gp_status run_open_metrics(train_run *r)
+{
+    const gp_train_opts *opts = r->opts;
+    if (!opts->metrics_path) return GP_OK;
+    /* (a resumed run appends to a file, after metrics_resume's cut;
+     * a pipe or a device is written as before) */
+    struct stat ms;
+    bool append = opts->resume_path &&
+                  (stat(opts->metrics_path, &ms) != 0 || S_ISREG(ms.st_mode));
+    r->out.metrics = fopen(opts->metrics_path, append ? "a+" : "w");
+    if (!r->out.metrics)
+        return gp_error_set(GP_ERR_IO, "%s '%s' cannot be written: %s; check the directory "
+                            "exists and is writable", gp_opt_name(GP_OPT_METRICS),
+                            opts->metrics_path, strerror(errno));
+    return GP_OK;
+}
+
+/* The snapshot directory on every rank, then the trace opened (the
+ * metrics file later: run_open_metrics). */
 static gp_status run_open_outputs(train_run *r)
 {
     const gp_train_opts *opts = r->opts;
@@ -1217,18 +1242,6 @@ static gp_status run_open_outputs(train_run *r)
         if (gp_procs_rank() != 0) s = check_snapshot_dir(r->cfg);
         if (s == GP_OK) s = check_dir_shared(r->cfg, r->res);
         if (s != GP_OK) return s;
-    }
-    if (opts->metrics_path) {
-        /* (a resumed run appends to a file, after metrics_resume's cut;
-         * a pipe or a device is written as before) */
-        struct stat ms;
-        bool append = opts->resume_path &&
-                      (stat(opts->metrics_path, &ms) != 0 || S_ISREG(ms.st_mode));
-        r->out.metrics = fopen(opts->metrics_path, append ? "a+" : "w");
-        if (!r->out.metrics)
-            return gp_error_set(GP_ERR_IO, "%s '%s' cannot be written: %s; check the directory "
-                                "exists and is writable", gp_opt_name(GP_OPT_METRICS),
-                                opts->metrics_path, strerror(errno));
     }
     if (opts->trace_path) {
         s = gp_trace_open(opts->trace_path, opts->trace_first, opts->trace_last, &r->out.trace);
@@ -1376,6 +1389,8 @@ static gp_status run_start_loader(train_run *r)
                              "training samples", cfg->path, (long long)tc->batch_size,
                              (long long)r->train.n);
         if (s == GP_OK) s = gp_loader_create(&r->train, &cfg->data, &lo, &r->loader);
+        /* the weights are in (model.init_from, the snapshot): now the metrics */
+        if (s == GP_OK) s = run_open_metrics(r);
         if (s == GP_OK) s = resume_records(r);
         gp_wmodel wv = gp_model_weights(mp);
         if (s == GP_OK && r->opts->export_path) /* a GPT-2 format that cannot hold it */
