@@ -29,6 +29,8 @@ by hand, no torch) and given to model.init_from:
     (metrics.jsonl) may go there.
 16. A run that fails while loading its weights leaves an existing --metrics
     file as it was (it was emptied).
+17. An export past `ulimit -f` says "File too large" (the errno was
+    dropped: "Input/output error").
 10. Environment variables are read as options are: GPIPE_HF_SHARD_BYTES=-5
     and ='20 kB' are refused naming the variable (-5 was taken), =20kB is
     20,000 bytes (it was read as 20: fewer shards than =20 gives), and
@@ -70,7 +72,7 @@ def yaml(d, name, tie, init=None):
 
 
 def gpipe(args, env=None):
-    r = subprocess.run([os.path.join(BIN, "gpipe-train")] + args, capture_output=True, text=True,
+    r = subprocess.run([os.path.join(BIN, "gpipe-train")] + args, capture_output=True, text=True, errors="replace",
                        timeout=120, stdin=subprocess.DEVNULL,
                        env=dict(os.environ, **env) if env else None)
     return r.returncode, r.stderr
@@ -186,7 +188,7 @@ def main():
         os.link(member, link)
         r = subprocess.run([os.path.join(BIN, "gpipe-sample"), yaml(d, "s.yaml", False, src),
                             "--weights", src, "--out", member, "--prompt-ids", "1,2",
-                            "--tokens", "2"], capture_output=True, text=True, timeout=120)
+                            "--tokens", "2"], capture_output=True, text=True, errors="replace", timeout=120)
         check(r.returncode > 0 and "--out" in r.stderr and "replace" in r.stderr,
               "gpipe-sample --weights D --out D/model.safetensors refused: rc %s %r"
               % (r.returncode, r.stderr[-300:]))
@@ -210,6 +212,18 @@ def main():
               "a file the folder is not made of (metrics.jsonl) may go in it: rc %s %r"
               % (rc, err[-300:]))
         os.remove(metrics)
+
+        # 17: a write that fails says why (ulimit -f: "File too large")
+        import resource
+        r = subprocess.run([os.path.join(BIN, "gpipe-train"), yaml(d, "a.yaml", False),
+                            "--export-weights", os.path.join(d, "small"), "--export-format", "hf"],
+                           capture_output=True, text=True, errors="replace", timeout=120,
+                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE,
+                                                                 (65536, 65536)))
+        check(r.returncode > 0 and "File too large" in r.stderr and
+              "Input/output error" not in r.stderr,
+              "an export past ulimit -f names the reason: rc %s %r" % (r.returncode,
+                                                                      r.stderr[-400:]))
 
         # 10: environment variables checked as options
         def shards(val):

@@ -721,7 +721,12 @@ static gp_status write_shard(const gp_wmodel *m, const char *dir, const hf_part 
     }
     uint8_t lb[8];
     for (int b = 0; b < 8; b++) lb[b] = (uint8_t)((uint64_t)w.len >> (8 * b));
-    int err = fwrite(lb, 1, 8, af.f) == 8 && fwrite(w.text, 1, w.len, af.f) == w.len ? 0 : EIO;
+    /* a failed write keeps its errno (ENOSPC, EFBIG under ulimit -f), which
+     * the commit's message names (issue 77: it read "Input/output error") */
+    errno = 0;
+    int err = fwrite(lb, 1, 8, af.f) == 8 && fwrite(w.text, 1, w.len, af.f) == w.len
+                  ? 0
+                  : (errno ? errno : EIO);
     gp_json_writer_free(&w);
     float *buf = NULL;
     int held_k = -1, held_p = -1;
@@ -743,13 +748,15 @@ static gp_status write_shard(const gp_wmodel *m, const char *dir, const hf_part 
         }
         int64_t per = v[i].cols ? v[i].cols : 1;
         size_t cnt = (size_t)(v[i].rows * per);
+        errno = 0;
         if (s == GP_OK && !bf16 && fwrite(buf + v[i].r0 * per, sizeof *buf, cnt, af.f) != cnt)
-            err = EIO;
+            err = errno ? errno : EIO;
         for (size_t e = 0; s == GP_OK && bf16 && !err && e < cnt; e += 4096) {
             uint16_t b16[4096]; /* rounded to nearest even as written */
             size_t c = cnt - e < 4096 ? cnt - e : 4096;
             for (size_t q = 0; q < c; q++) b16[q] = gp_ew_bf16_bits(buf[v[i].r0 * per + e + q]);
-            if (fwrite(b16, sizeof *b16, c, af.f) != c) err = EIO;
+            errno = 0;
+            if (fwrite(b16, sizeof *b16, c, af.f) != c) err = errno ? errno : EIO;
         }
     }
     free(buf);
