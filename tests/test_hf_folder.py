@@ -31,6 +31,15 @@ by hand, no torch) and given to model.init_from:
     file as it was (it was emptied).
 17. An export past `ulimit -f` says "File too large" (the errno was
     dropped: "Input/output error").
+14. An export replaces the folder as a whole: one file, then sharded,
+    then one file again leaves each time that export's files only (a
+    stale model.safetensors beside shards was loaded by transformers); an
+    export that fails part way (ulimit -f) leaves the earlier one byte for
+    byte and none of its own files.
+23. The export's config.json keeps what the source folder's said that
+    gpipe does not decide (bos_token_id 254 came back as 1), and a
+    generation_config.json is written: the source's as it was, else one
+    with the token ids.
 10. Environment variables are read as options are: GPIPE_HF_SHARD_BYTES=-5
     and ='20 kB' are refused naming the variable (-5 was taken), =20kB is
     20,000 bytes (it was read as 20: fewer shards than =20 gives), and
@@ -41,6 +50,7 @@ N failed" last.
 """
 import json
 import os
+import resource
 import shutil
 import struct
 import subprocess
@@ -214,7 +224,6 @@ def main():
         os.remove(metrics)
 
         # 17: a write that fails says why (ulimit -f: "File too large")
-        import resource
         r = subprocess.run([os.path.join(BIN, "gpipe-train"), yaml(d, "a.yaml", False),
                             "--export-weights", os.path.join(d, "small"), "--export-format", "hf"],
                            capture_output=True, text=True, errors="replace", timeout=120,
@@ -224,6 +233,63 @@ def main():
               "Input/output error" not in r.stderr,
               "an export past ulimit -f names the reason: rc %s %r" % (r.returncode,
                                                                       r.stderr[-400:]))
+
+        # 14: an export replaces the folder as a whole
+        import hashlib
+
+        def files(folder):
+            return {f: hashlib.sha256(open(os.path.join(folder, f), "rb").read()).hexdigest()
+                    for f in sorted(os.listdir(folder))}
+        out = os.path.join(d, "again")
+        one = [yaml(d, "a.yaml", False), "--export-weights", out, "--export-format", "hf"]
+        rc1, _ = gpipe(one)
+        rc2, _ = gpipe(one, {"GPIPE_HF_SHARD_BYTES": "40kB"})
+        sharded = sorted(files(out))
+        rc3, _ = gpipe(one)
+        single = sorted(files(out))
+        check(rc1 == 0 and rc2 == 0 and rc3 == 0 and "model.safetensors" not in sharded and
+              "model.safetensors.index.json" in sharded and
+              single == ["config.json", "model.safetensors"],
+              "one file, sharded, one file again: each export's files only: %r, then %r"
+              % (sharded, single))
+        before = files(out)
+        r = subprocess.run([os.path.join(BIN, "gpipe-train")] + one, capture_output=True,
+                           text=True, errors="replace", timeout=120,
+                           env=dict(os.environ, GPIPE_HF_SHARD_BYTES="10kB"),
+                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE,
+                                                                 (20000, 20000)))
+        check(r.returncode > 0 and files(out) == before,
+              "an export that fails part way leaves the earlier one whole, no file of its own "
+              "left: rc %s, %r" % (r.returncode, sorted(files(out))))
+
+        # 23: what the source's config.json says that gpipe does not decide survives
+        src2 = os.path.join(d, "withids")
+        shutil.copytree(src, src2)
+        cj = os.path.join(src2, "config.json")
+        c = json.load(open(cj))
+        c.update({"bos_token_id": 254, "eos_token_id": 255, "pad_token_id": None,
+                  "custom_field": {"a": [1, 2.5, None]}})
+        json.dump(c, open(cj, "w"))
+        out2 = os.path.join(d, "fromids")
+        rc, err = gpipe([yaml(d, "i.yaml", False, src2), "--export-weights", out2,
+                         "--export-format", "hf"])
+        got = json.load(open(os.path.join(out2, "config.json"))) if rc == 0 else {}
+        check(rc == 0 and got.get("bos_token_id") == 254 and got.get("eos_token_id") == 255 and
+              "pad_token_id" in got and got.get("custom_field") == {"a": [1, 2.5, None]} and
+              got.get("num_hidden_layers") == 2,
+              "the export keeps the source's bos, eos, pad and other keys: rc %s %r %r"
+              % (rc, got, err[-300:]))
+        gen = os.path.join(out2, "generation_config.json")
+        g = json.load(open(gen)) if os.path.exists(gen) else {}
+        check(g.get("bos_token_id") == 254 and g.get("eos_token_id") == 255,
+              "a generation_config.json with the token ids: %r" % g)
+        with open(os.path.join(src2, "generation_config.json"), "w") as f:
+            json.dump({"bos_token_id": 254, "eos_token_id": [255, 7], "do_sample": True}, f)
+        rc, err = gpipe([yaml(d, "i.yaml", False, src2), "--export-weights", out2,
+                         "--export-format", "hf"])
+        g = json.load(open(gen)) if os.path.exists(gen) else {}
+        check(rc == 0 and g == {"bos_token_id": 254, "eos_token_id": [255, 7], "do_sample": True},
+              "the source's generation_config.json goes through as it was: %r" % g)
 
         # 10: environment variables checked as options
         def shards(val):

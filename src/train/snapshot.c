@@ -1682,7 +1682,7 @@ gp_status gp_gpt_export(gp_model *m, const gp_config *cfg, const char *path,
     if (fmt == GP_WEIGHTS_GPIPE) return gp_snapshot_export(m, cfg, path);
     gp_wmodel v = gp_model_weights(m);
     if ((fmt == GP_WEIGHTS_HF || fmt == GP_WEIGHTS_HF_BF16) && gp_llama_is_model(&v)) {
-        gp_status ls = gp_llama_export(&v, path, fmt == GP_WEIGHTS_HF_BF16);
+        gp_status ls = gp_llama_export(&v, path, fmt == GP_WEIGHTS_HF_BF16, cfg->model.init_from);
         if (ls != GP_OK) gp_error_wrap(ls, "exporting weights to %s", path);
         return ls;
     }

@@ -24,6 +24,7 @@
 #include "core/json.h"
 #include "weights/weights.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -33,6 +34,8 @@
 #include <unistd.h>
 
 #define HF_MAX_SRC 3 /* q, k and v */
+/* An export's files are written under this prefix, then renamed into place. */
+#define HF_STAGE ".gpipe-export."
 
 typedef struct hf_shard {
     char path[700];
@@ -687,7 +690,7 @@ static gp_status write_shard(const gp_wmodel *m, const char *dir, const hf_part 
 {
     char fn[64], path[1100];
     shard_name(fn, sizeof fn, shard, n_shards);
-    snprintf(path, sizeof path, "%s/%s", dir, fn);
+    snprintf(path, sizeof path, "%s/" HF_STAGE "%s", dir, fn);
     gp_json_writer w = {0};
     gp_json_open_object(&w, NULL);
     gp_json_open_object(&w, "__metadata__");
@@ -769,7 +772,47 @@ static gp_status write_shard(const gp_wmodel *m, const char *dir, const hf_part 
 
 /* config.json: what LlamaForCausalLM.from_pretrained needs to build this
  * model (every size, rope_theta and rope_scaling, eps, the tie). */
-static gp_status write_config(const gp_wmodel *m, const char *dir, bool bf16)
+/* A value of the source's config.json written as it was. */
+static void put_value(gp_json_writer *w, const char *key, const gp_json_value *v)
+{
+    switch (v->kind) {
+    case GP_JSON_OBJECT:
+        gp_json_open_object(w, key);
+        for (int i = 0; i < v->n; i++) put_value(w, v->keys[i], &v->items[i]);
+        gp_json_close(w);
+        break;
+    case GP_JSON_ARRAY:
+        gp_json_open_array(w, key);
+        for (int i = 0; i < v->n; i++) put_value(w, NULL, &v->items[i]);
+        gp_json_close(w);
+        break;
+    case GP_JSON_STRING: gp_json_put_str(w, key, v->str); break;
+    case GP_JSON_NUMBER:
+        if (v->num == floor(v->num) && fabs(v->num) < 9e15) gp_json_put_int(w, key, (int64_t)v->num);
+        else gp_json_put_num(w, key, v->num);
+        break;
+    case GP_JSON_TRUE:
+    case GP_JSON_FALSE: gp_json_put_bool(w, key, v->kind == GP_JSON_TRUE); break;
+    default: gp_json_put_null(w, key); break;
+    }
+}
+
+/* The keys write_config writes itself (what gpipe's model decides). */
+static bool config_key_ours(const char *k)
+{
+    static const char *const ours[] = {
+        "architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+        "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
+        "rope_parameters", "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act",
+        "torch_dtype", "dtype"};
+    for (size_t i = 0; i < sizeof ours / sizeof ours[0]; i++)
+        if (!strcmp(k, ours[i])) return true;
+    return false;
+}
+
+static gp_status write_config(const gp_wmodel *m, const char *dir, bool bf16,
+                              const gp_hf_config *src)
 {
     const gp_layer *emb = first_of(m, GP_LAYER_EMBEDDING), *att = first_of(m, GP_LAYER_ATTENTION);
     const gp_layer *rope = first_of(m, GP_LAYER_ROPE), *rms = first_of(m, GP_LAYER_RMS_NORM);
@@ -815,10 +858,76 @@ static gp_status write_config(const gp_wmodel *m, const char *dir, bool bf16)
     gp_json_put_str(&w, "hidden_act", "silu");
     gp_json_put_float(&w, "initializer_range", 0.02);
     gp_json_put_str(&w, "torch_dtype", bf16 ? "bfloat16" : "float32");
-    gp_json_put_bool(&w, "use_cache", true);
+    /* what the source folder said that gpipe does not decide (bos and eos
+     * token ids, which generate stops at; pad, the transformers version...)
+     * goes through as it was (issue 77: bos 254 came back as 1) */
+    bool use_cache = false;
+    if (src && src->json)
+        for (int i = 0; i < src->json->n; i++) {
+            const char *k = src->json->keys[i];
+            if (config_key_ours(k) || gp_json_get(src->json, k) != &src->json->items[i])
+                continue; /* ours, or a key given twice: its last value only */
+            put_value(&w, k, &src->json->items[i]);
+            use_cache |= !strcmp(k, "use_cache");
+        }
+    if (!use_cache) gp_json_put_bool(&w, "use_cache", true);
     gp_json_close(&w);
     char path[1100];
-    snprintf(path, sizeof path, "%s/config.json", dir);
+    snprintf(path, sizeof path, "%s/" HF_STAGE "config.json", dir);
+    return gp_weights_write_json(&w, path);
+}
+
+/* generation_config.json: the source folder's as it was, else one with the
+ * token ids config.json names (GenerationConfig.from_model_config's), else
+ * none.  *wrote says whether one was staged. */
+static gp_status write_generation_config(const char *dir, const char *source,
+                                         const gp_hf_config *src, bool *wrote)
+{
+    *wrote = false;
+    char path[1100];
+    snprintf(path, sizeof path, "%s/" HF_STAGE "generation_config.json", dir);
+    if (source) {
+        char from[1100];
+        snprintf(from, sizeof from, "%s/generation_config.json", source);
+        FILE *f = gp_fopen_regular(from);
+        if (f) {
+            char *text = NULL;
+            size_t len = 0, cap = 0;
+            int c;
+            while ((c = fgetc(f)) != EOF && len < ((size_t)1 << 20)) {
+                if (len + 1 >= cap) {
+                    size_t nc = cap ? cap * 2 : 4096;
+                    char *t = realloc(text, nc);
+                    if (!t) break;
+                    text = t, cap = nc;
+                }
+                text[len++] = (char)c;
+            }
+            fclose(f);
+            gp_json_reader r;
+            gp_json_value *v = text ? gp_json_parse(text, len, &r) : NULL;
+            free(text);
+            if (v && v->kind == GP_JSON_OBJECT) {
+                gp_json_writer w = {.pretty = 2};
+                put_value(&w, NULL, v);
+                gp_json_value_free(v);
+                *wrote = true;
+                return gp_weights_write_json(&w, path);
+            }
+            gp_json_value_free(v);
+            GP_WARN("%s is not a JSON object; the export writes its own", from);
+        }
+    }
+    const gp_json_value *bos = src && src->json ? gp_json_get(src->json, "bos_token_id") : NULL;
+    const gp_json_value *eos = src && src->json ? gp_json_get(src->json, "eos_token_id") : NULL;
+    if (!bos && !eos) return GP_OK;
+    gp_json_writer w = {.pretty = 2};
+    gp_json_open_object(&w, NULL);
+    gp_json_put_bool(&w, "_from_model_config", true);
+    if (bos) put_value(&w, "bos_token_id", bos);
+    if (eos) put_value(&w, "eos_token_id", eos);
+    gp_json_close(&w);
+    *wrote = true;
     return gp_weights_write_json(&w, path);
 }
 
@@ -844,10 +953,49 @@ gp_status gp_llama_export_check(const gp_wmodel *m)
     return GP_OK;
 }
 
-gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16)
+/* Whether `name` is a file an export of this kind writes: config.json,
+ * generation_config.json, the index, model.safetensors or a shard. */
+static bool export_file(const char *name)
+{
+    int a, b;
+    char tail[32];
+    return !strcmp(name, "config.json") || !strcmp(name, "generation_config.json") ||
+           !strcmp(name, "model.safetensors") || !strcmp(name, "model.safetensors.index.json") ||
+           (sscanf(name, "model-%5d-of-%5d%31s", &a, &b, tail) == 3 &&
+            !strcmp(tail, ".safetensors"));
+}
+
+/* The staged files of dir (HF_STAGE*) removed: this export's after a
+ * failure, or a killed one's. */
+static void remove_staged(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, HF_STAGE, strlen(HF_STAGE))) continue;
+        char p[1400];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    closedir(d);
+}
+
+/*
+ * The folder is written as a whole (issue 77): every file goes to a staged
+ * name beside its own (HF_STAGE + name, each written atomically), and only
+ * when all are there are they renamed into place, the shards first and
+ * config.json last; then the files of an earlier export that this one does
+ * not have (model.safetensors after a sharded export, shards and an index
+ * after a one-file one, shards of another count) are removed.  A failure
+ * or a kill while writing (the long part) leaves the earlier export as it
+ * was, and its staged files are removed by the next export.
+ */
+gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16, const char *source)
 {
     GP_TRY(gp_llama_export_check(m));
     GP_TRY(gp_make_dirs(dir, "--export-weights (a Hugging Face folder)"));
+    remove_staged(dir); /* a killed export's */
     hf_part *v = NULL;
     int n = 0;
     GP_TRY(export_parts(m, &v, &n));
@@ -855,7 +1003,12 @@ gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16)
      * max_shard_size), tensors in the model's order */
     uint64_t limit = 5000000000ull, at = 0, total = 0;
     int64_t env_limit;
-    GP_TRY(gp_env_bytes("GPIPE_HF_SHARD_BYTES", (int64_t)limit, 1, (int64_t)1 << 50, &env_limit));
+    gp_status s = gp_env_bytes("GPIPE_HF_SHARD_BYTES", (int64_t)limit, 1, (int64_t)1 << 50,
+                               &env_limit);
+    if (s != GP_OK) {
+        free(v);
+        return s;
+    }
     limit = (uint64_t)env_limit;
     int shard = 0;
     for (int i = 0; i < n; i++) {
@@ -868,11 +1021,19 @@ gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16)
         total += bytes;
     }
     int n_shards = shard + 1;
-    gp_status s = write_config(m, dir, bf16);
+    /* the source folder's config.json (model.init_from), whose keys gpipe
+     * does not decide go through */
+    gp_hf_config src = {0};
+    struct stat st;
+    bool from_dir = source && source[0] && stat(source, &st) == 0 && S_ISDIR(st.st_mode);
+    if (from_dir && gp_hf_config_read(source, &src) != GP_OK) {
+        GP_WARN("the export's config.json takes nothing from %s: %s", source, gp_last_error());
+        gp_error_clear();
+        gp_hf_config_free(&src);
+    }
+    bool gen = false;
     for (int q = 0; q < n_shards && s == GP_OK; q++)
         s = write_shard(m, dir, v, n, q, n_shards, bf16);
-    char idx[1100];
-    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
     if (s == GP_OK && n_shards > 1) {
         gp_json_writer w = {.pretty = 1};
         gp_json_open_object(&w, NULL);
@@ -887,12 +1048,53 @@ gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16)
         }
         gp_json_close(&w);
         gp_json_close(&w);
+        char idx[1100];
+        snprintf(idx, sizeof idx, "%s/" HF_STAGE "model.safetensors.index.json", dir);
         s = gp_weights_write_json(&w, idx);
-    } else if (s == GP_OK) {
-        /* one file: no index (an older export's would point at shards gone) */
-        if (unlink(idx) != 0 && errno != ENOENT)
-            s = gp_error_set(GP_ERR_IO, "cannot remove the old %s: %s", idx, strerror(errno));
     }
+    if (s == GP_OK) s = write_generation_config(dir, from_dir ? source : NULL, &src, &gen);
+    if (s == GP_OK) s = write_config(m, dir, bf16, &src);
+    gp_hf_config_free(&src);
+    /* everything is written: into place, config.json last */
+    typedef struct { char s[48]; } fname;
+    fname *names = calloc((size_t)n_shards + 3, sizeof *names);
+    int k = 0;
+    if (!names && s == GP_OK) s = gp_error_set(GP_ERR_OOM, "out of host memory exporting");
+    if (names) {
+        for (int q = 0; q < n_shards; q++) shard_name(names[k++].s, sizeof names[0].s, q, n_shards);
+        if (n_shards > 1) snprintf(names[k++].s, sizeof names[0].s, "model.safetensors.index.json");
+        if (gen) snprintf(names[k++].s, sizeof names[0].s, "generation_config.json");
+        snprintf(names[k++].s, sizeof names[0].s, "config.json");
+    }
+    for (int i = 0; i < k && s == GP_OK; i++) {
+        char from[1200], to[1200];
+        snprintf(from, sizeof from, "%.1000s/" HF_STAGE "%.47s", dir, names[i].s);
+        snprintf(to, sizeof to, "%.1000s/%.47s", dir, names[i].s);
+        if (rename(from, to) != 0)
+            s = gp_error_set(GP_ERR_IO, "cannot rename %s to %s: %s", from, to, strerror(errno));
+    }
+    if (s != GP_OK) {
+        remove_staged(dir);
+        free(names);
+        free(v);
+        return s;
+    }
+    /* what an earlier export left that this one does not have */
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        if (!export_file(e->d_name)) continue;
+        bool ours = false;
+        for (int i = 0; i < k && !ours; i++) ours = !strcmp(e->d_name, names[i].s);
+        if (ours) continue;
+        char p[1400];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (unlink(p) != 0 && errno != ENOENT && s == GP_OK)
+            s = gp_error_set(GP_ERR_IO, "cannot remove %s, an earlier export's file this one "
+                             "does not have: %s", p, strerror(errno));
+    }
+    if (d) closedir(d);
+    free(names);
     free(v);
     return s;
 }

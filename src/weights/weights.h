@@ -239,6 +239,6 @@ gp_status gp_llama_read(const gp_wmodel *m, const char *path, gp_st_file *out);
  * model.llama (its model.embed_tokens.wte.weight). */
 bool gp_llama_is_model(const gp_wmodel *m);
 gp_status gp_llama_export_check(const gp_wmodel *m);
-gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16);
+gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16, const char *source);
 
 #endif /* GP_WEIGHTS_H */
