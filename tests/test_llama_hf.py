@@ -39,7 +39,10 @@ here (windows of T + 1 = 17):
    k/v heads, width, intermediate, vocabulary, positions, rope_theta, Llama
    3's rope_scaling, rms_eps, the tie) and gives the parity loss again;
    one given in the YAML still wins, and a wrong one is refused;
-5. errors: config.json naming other sizes is refused with each difference
+5. Qwen2 (issue 77): a Qwen2ForCausalLM folder under `llama: {}` takes its
+   q, k, v biases from model_type, gives transformers' loss, and exports a
+   folder that AutoModelForCausalLM loads as Qwen2ForCausalLM at that loss;
+6. errors: config.json naming other sizes is refused with each difference
    and the model.llama key that sets it; a folder without one of the
    model's tensors, or with a tensor the model has no place for, is refused
    naming the tensor.
@@ -306,6 +309,46 @@ def main():
         rc, out, _ = gpipe(d, bare.replace("llama: {}", "llama: {intermediate: %d}" % (I + 8)))
         check(rc != 0 and "intermediate_size 40 (this model: model.llama.intermediate 48)" in out,
               "a size given in the YAML wins, and is checked: exit %d: %s" % (rc, out[-800:]))
+
+        # Qwen2 (issue 77 item 21): llama: {} takes q, k, v biases from the
+        # folder's model_type, trains at transformers' loss, and exports a
+        # Qwen2ForCausalLM folder that from_pretrained loads at that loss
+        torch.manual_seed(11)
+        qcfg = transformers.Qwen2Config(
+            vocab_size=V, hidden_size=C, intermediate_size=I, num_hidden_layers=L,
+            num_attention_heads=H, num_key_value_heads=G, max_position_embeddings=64,
+            rms_norm_eps=EPS, rope_theta=THETA, tie_word_embeddings=True,
+            attn_implementation="eager")
+        qm = transformers.Qwen2ForCausalLM(qcfg).float().eval()
+        with torch.no_grad():
+            for pn, p in qm.named_parameters():
+                if pn.endswith("norm.weight"):
+                    p.uniform_(0.5, 1.5)
+                else:
+                    p.normal_(0.0, 0.2)
+        qfolder = os.path.join(d, "qwen2")
+        qm.save_pretrained(qfolder, safe_serialization=True)
+        qref = transformers.Qwen2ForCausalLM.from_pretrained(
+            qfolder, torch_dtype=torch.float32, attn_implementation="eager").eval()
+        want = hf_loss(qref, windows)
+        qbare = config(data, qfolder, True, 1)
+        start, end = qbare.index("  llama: {"), qbare.index("  init_from:")
+        qbare = qbare[:start] + "  llama: {}\n" + qbare[end:]
+        qout = os.path.join(d, "qwen2-out")
+        rc, out, got = gpipe(d, qbare, ["--export-weights", qout, "--export-format", "hf"])
+        check(rc == 0 and got is not None and abs(got - want) <= 1e-5 * abs(want),
+              "a Qwen2 folder under llama: {}: loss %s, transformers' %.8f (exit %d) %s"
+              % (got, want, rc, out[-800:]))
+        if rc == 0:
+            with open(os.path.join(qout, "config.json")) as f:
+                cj = json.load(f)
+            back = transformers.AutoModelForCausalLM.from_pretrained(
+                qout, torch_dtype=torch.float32, attn_implementation="eager").eval()
+            again = hf_loss(back, windows)
+            check(cj["model_type"] == "qwen2" and type(back).__name__ == "Qwen2ForCausalLM" and
+                  abs(again - want) <= 1e-5 * abs(want),
+                  "the Qwen2 run's export: %s, %s, loss %.8f against %.8f"
+                  % (cj["model_type"], type(back).__name__, again, want))
 
         # errors: other sizes in config.json, a missing tensor, one too many
         rc, out, _ = gpipe(d, config(data, folder, True, 1).replace(

@@ -807,7 +807,29 @@ static gp_status llama_sizes(gp_cfg_walk *w, const gp_ynode *g, const llama_src 
     } else {
         GP_TRY(gp_cfg_get_bool(w, g, gs, "tie", false, &o->tie)); /* LlamaConfig's default */
     }
-    GP_TRY(gp_cfg_get_bool(w, g, gs, "qkv_bias", false, &o->qkv_bias));
+    /* q, k and v biases: Qwen2's folders have them (model_type qwen2);
+     * LlamaConfig's attention_bias puts one on o_proj too, and mlp_bias on
+     * the MLP, which model.llama has no place for */
+    bool qkv_bias = false;
+    if (cj && gp_cfg_absent(gp_ymap_get(g, "qkv_bias"))) {
+        const gp_json_value *mt = gp_json_get(cj, "model_type");
+        bool qwen2 = mt && mt->kind == GP_JSON_STRING && !strcmp(mt->str, "qwen2");
+        bool ab = false, mb = false;
+        if (gp_hf_config_bool(&s->cfg, NULL, "attention_bias", false, &ab) != GP_OK ||
+            gp_hf_config_bool(&s->cfg, NULL, "mlp_bias", false, &mb) != GP_OK)
+            return llama_src_bad(w, s, "qkv_bias");
+        if ((ab && !qwen2) || mb) {
+            gp_error_set(GP_ERR_UNSUPPORTED, "%s: %s is true (biases on %s), which model.llama "
+                         "has no place for: it has q, k and v biases only (qkv_bias, Qwen2's)",
+                         s->cfg.path, mb ? "mlp_bias" : "attention_bias",
+                         mb ? "the MLP's products" : "q, k, v and o_proj");
+            return llama_src_bad(w, s, NULL);
+        }
+        qkv_bias = qwen2;
+        if (qwen2)
+            gp_cfg_note(w, "model.llama.qkv_bias = true (%s: model_type qwen2)", s->cfg.path);
+    }
+    GP_TRY(gp_cfg_get_bool(w, g, gs, "qkv_bias", qkv_bias, &o->qkv_bias));
     /* rope_scaling: the YAML's map, its keys' defaults config.json's llama3
      * scaling where it has one (else Llama 3's); without the YAML's map,
      * config.json's llama3 scaling, checked as the YAML's would be */

@@ -823,12 +823,20 @@ static gp_status write_config(const gp_wmodel *m, const char *dir, bool bf16,
                             "rms_norm or swiglu layer");
     int blocks = llama_blocks(m);
     bool tied = llama_tied(m);
+    /* q, k and v biases (qkv_bias): Qwen2's layout, which only
+     * Qwen2ForCausalLM loads (LlamaForCausalLM's attention_bias also puts
+     * one on o_proj) */
+    bool qwen2 = false;
+    for (int k = 0; k < m->n_layers && !qwen2; k++) {
+        char b[256];
+        qwen2 = ends(m->layers[k].spec.name, "qkv_proj", b, sizeof b) && m->layers[k].spec.bias;
+    }
     gp_json_writer w = {.pretty = 2};
     gp_json_open_object(&w, NULL);
     gp_json_open_array(&w, "architectures");
-    gp_json_put_str(&w, NULL, "LlamaForCausalLM");
+    gp_json_put_str(&w, NULL, qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
     gp_json_close(&w);
-    gp_json_put_str(&w, "model_type", "llama");
+    gp_json_put_str(&w, "model_type", qwen2 ? "qwen2" : "llama");
     gp_json_put_int(&w, "hidden_size", emb->spec.dim);
     gp_json_put_int(&w, "intermediate_size", sw->out_shape.dims[sw->out_shape.ndim - 1]);
     gp_json_put_int(&w, "num_hidden_layers", blocks);
@@ -853,8 +861,10 @@ static gp_status write_config(const gp_wmodel *m, const char *dir, bool bf16,
         gp_json_put_null(&w, "rope_scaling");
     }
     gp_json_put_bool(&w, "tie_word_embeddings", tied);
-    gp_json_put_bool(&w, "attention_bias", false);
-    gp_json_put_bool(&w, "mlp_bias", false);
+    if (!qwen2) { /* (Qwen2Config has neither: its q, k, v always have biases) */
+        gp_json_put_bool(&w, "attention_bias", false);
+        gp_json_put_bool(&w, "mlp_bias", false);
+    }
     gp_json_put_str(&w, "hidden_act", "silu");
     gp_json_put_float(&w, "initializer_range", 0.02);
     gp_json_put_str(&w, "torch_dtype", bf16 ? "bfloat16" : "float32");
@@ -941,16 +951,7 @@ gp_status gp_llama_export_check(const gp_wmodel *m)
                             "by one process; convert the run's snapshot afterwards with "
                             "gpipe-train CONFIG --resume SNAPSHOT --convert --export-weights DIR "
                             "--export-format hf");
-    for (int k = 0; k < m->n_layers; k++) {
-        const gp_layer *l = &m->layers[k];
-        char b[256];
-        if (ends(l->spec.name, "qkv_proj", b, sizeof b) && l->spec.bias)
-            return gp_error_set(GP_ERR_UNSUPPORTED, "--export-format hf: %s has q, k and v "
-                                "biases (qkv_bias: Qwen2's layout), which a LlamaForCausalLM "
-                                "folder cannot hold; export with --export-format gpipe",
-                                l->spec.name);
-    }
-    return GP_OK;
+    return GP_OK; /* (q, k and v biases: a Qwen2ForCausalLM folder, write_config) */
 }
 
 /* Whether `name` is a file an export of this kind writes: config.json,
