@@ -135,9 +135,22 @@ def write_tokens(path, toks, wide=None):
     header = [0] * HEADER_WORDS
     header[0], header[1], header[2] = (MAGIC32, VERSION32, len(toks)) if wide else \
         (MAGIC, VERSION, len(toks))
-    with open(path, "wb") as f:
-        f.write(struct.pack("<%di" % HEADER_WORDS, *header))
-        f.write(struct.pack("<%d%s" % (len(toks), "I" if wide else "H"), *toks))
+    # written beside it and renamed over it: a full disk or a kill leaves
+    # whatever was there (issue 77: the earlier file was truncated first)
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<%di" % HEADER_WORDS, *header))
+            f.write(struct.pack("<%d%s" % (len(toks), "I" if wide else "H"), *toks))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def read_tokens(path):
@@ -163,14 +176,24 @@ def read_tokens(path):
 
 def decode_tokens(toks, encoding, path, tokenizer=None):
     if tokenizer:
-        return hf_tokenizer(tokenizer).decode(toks, skip_special_tokens=True).encode("utf-8")
+        tk = hf_tokenizer(tokenizer)
+        n = tk.get_vocab_size(with_added_tokens=True)
+        bad = [t for t in toks if t >= n]
+        if bad:  # (the library decodes them as nothing, exit 0: issue 77)
+            raise TokError(path, "token %d is past %s's vocabulary of %d: the file was not "
+                           "encoded with this tokenizer" % (bad[0], tokenizer, n))
+        return tk.decode(toks, skip_special_tokens=True).encode("utf-8")
     if encoding == "gpt2":
         enc = gpt2_encoding()
         return enc.decode([t for t in toks if t != GPT2_EOT]).encode("utf-8")
     bad = [t for t in toks if t > 255]
     if bad:
+        if max(toks) > 50256:  # past GPT-2's vocabulary: a Llama 3's or another's ids
+            raise TokError(path, "token %d is not a byte, nor in GPT-2's vocabulary: decode it "
+                           "with the tokenizer it was encoded with (--tokenizer "
+                           "tokenizer.json, from the model's folder)" % max(toks))
         raise TokError(path, "token %d is not a byte: the file is not byte-level (try "
-                       "--encoding gpt2)" % bad[0])
+                       "--encoding gpt2, or --tokenizer tokenizer.json)" % bad[0])
     return bytes(toks)
 
 
@@ -190,6 +213,11 @@ def cmd_encode(a):
         raise TokError(a.output, "cannot make the output folder: %s" % (e.strerror or e))
     train = os.path.join(a.output, "%s_train.bin" % a.name)
     val = os.path.join(a.output, "%s_val.bin" % a.name)
+    for out in (train, val):  # an output never replaces an input (issue 77)
+        for t in a.text + ([a.tokenizer] if a.tokenizer else []):
+            if os.path.exists(out) and os.path.exists(t) and os.path.samefile(out, t):
+                raise TokError(out, "is the input %s: writing it would replace it; give -o or "
+                               "--name another value" % t)
     cut = len(toks) - n_val
     # both splits in one format: uint32 where the vocabulary passes 65,536
     wide = max(toks) > 65535 or (a.tokenizer is not None and

@@ -159,6 +159,25 @@ def test_bad(tmp, out):
     with open(bad, "wb") as f:
         f.write(data[:1024] + struct.pack("<H", 300) + data[1026:])
     one_line_error(script("decode", bad), "token 300 is not a byte", "a non-byte token")
+    # issue 77 item 15: an output that is an input is refused, the input kept
+    text = os.path.join(tmp, "same_train.bin")
+    with open(text, "wb") as f:
+        f.write(b"some text that is both the input and an output's name " * 4)
+    before = open(text, "rb").read()
+    one_line_error(script("encode", "-o", tmp, "--name", "same", text), "would replace",
+                   "an output naming the input")
+    check(open(text, "rb").read() == before, "the input named as an output is unchanged")
+    # ... and a write that fails leaves the earlier file (written beside, renamed)
+    prev = os.path.join(out, "mix_train.bin")
+    kept = open(prev, "rb").read()
+    import resource
+    r = subprocess.run([sys.executable, SCRIPT, "encode", "-o", out, "--name", "mix",
+                        os.path.join(tmp, "small.txt")] + [text] * 40, capture_output=True,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (1100, 1100)))
+    check(r.returncode != 0 and open(prev, "rb").read() == kept and
+          not [f for f in os.listdir(out) if ".tmp." in f],
+          "an encode whose write fails leaves the earlier file whole: rc %d %r"
+          % (r.returncode, r.stderr[-300:]))
 
 
 def test_gpt2(tmp):
@@ -217,6 +236,16 @@ def test_tokenizer(tmp):
     want = " ".join("w%d" % i for i in ids[:len(toks) - 1 - int(round(len(toks) * 0.1))])
     check(d.decode().strip() == want[:len(d.decode().strip())] and len(d) > 1000,
           "decode --tokenizer: %r" % d[:80])
+    # issue 77: ids past the tokenizer's vocabulary are an error, not nothing
+    # printed with exit 0; a uint32 file without --tokenizer names it
+    big = os.path.join(tmp, "past.bin")
+    words, body = read_file(os.path.join(out, "w_val.bin"))
+    with open(big, "wb") as f:
+        f.write(struct.pack("<%di" % len(words), 20240801, 7, 2, *words[3:]) +
+                struct.pack("<2I", 5, 80000))
+    one_line_error(script("decode", "--tokenizer", tj, big), "past", "an id past the vocabulary")
+    one_line_error(script("decode", os.path.join(out, "w_val.bin")), "--tokenizer",
+                   "a uint32 file decoded without --tokenizer suggests it")
     exe = os.path.join(BIN, "gpipe-train")
     cfg = os.path.join(tmp, "l.yaml")
     with open(cfg, "w") as f:
