@@ -122,6 +122,13 @@ typedef struct gp_metrics {
  * FLOPs instead, the same split every time.  The shapes a batch needs
  * are known before it: gp_run_describe. */
 gp_status gp_run_prepare(gp_run *run);
+/* Before gp_run_prepare (or gp_run_restore): the run will only predict
+ * and decode (gp_run_predict, gp_decoder_open), so its model is built
+ * without gradients or optimizer state, and the start-up memory check
+ * counts the weights alone (gpipe-sample: a 3B model needs its 12 GiB of
+ * weights, not training's 48).  gp_run_step and gp_run_train_ex on it are
+ * refused.  An error once the run is prepared. */
+gp_status gp_run_inference_only(gp_run *run);
 /* One pipelined optimizer step on your own batch: x is (n, C, H, W) floats
  * (already normalised), y holds n class ids as floats (model.loss:
  * cross_entropy; n x T of them, sample after sample, for a model whose

@@ -978,6 +978,43 @@ out:
     gp_run_free(b);
 }
 
+/* gp_run_inference_only (issue 77): a run for predicting alone gives the
+ * trained-for run's outputs bit for bit, holds no gradients or optimizer
+ * state, and refuses steps; once prepared it is too late to ask. */
+static void test_inference_only(void)
+{
+    enum { N = 8 };
+    float x[N * 16], y[N];
+    unsigned seed = 11;
+    make_batch(&seed, x, y, N);
+    gp_run *a = NULL, *b = NULL;
+    const char *adam[] = {"train.optimizer={type: adamw, lr: 0.001}"};
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, adam, 1, &a));
+    CHECK_OK(gp_run_parse("api.yaml", k_yaml, adam, 1, &b));
+    if (!a || !b) return;
+    CHECK_OK(gp_run_inference_only(a));
+    gp_run_info ia;
+    CHECK_OK(gp_run_describe(a, &ia));
+    float *oa = calloc((size_t)(N * ia.output_numel), sizeof *oa);
+    float *ob = calloc((size_t)(N * ia.output_numel), sizeof *ob);
+    CHECK_OK(gp_run_predict(a, x, N, oa));
+    CHECK_OK(gp_run_predict(b, x, N, ob));
+    CHECK_MSG(!memcmp(oa, ob, (size_t)(N * ia.output_numel) * sizeof *oa),
+              "an inference-only run predicts the same bits");
+    size_t peak_a = 0, peak_b = 0, cur_a = 0, cur_b = 0;
+    const char *name = NULL;
+    CHECK_OK(gp_run_device_memory(a, 0, &name, &peak_a, &cur_a));
+    CHECK_OK(gp_run_device_memory(b, 0, &name, &peak_b, &cur_b));
+    CHECK_MSG(cur_a < cur_b, "it holds less (no gradients, no moments): %zu bytes against %zu",
+              cur_a, cur_b);
+    CHECK_ERR(gp_run_step(a, x, y, N, 0, NULL), GP_ERR_INVALID, "inference only");
+    CHECK_ERR(gp_run_inference_only(b), GP_ERR_INVALID, "prepared already");
+    free(oa);
+    free(ob);
+    gp_run_free(a);
+    gp_run_free(b);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/gpipe_apiXXXXXX");
@@ -1000,6 +1037,7 @@ int main(void)
     test_many_processes();
     test_fork();
     test_step_after_oom();
+    test_inference_only();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

@@ -20,6 +20,9 @@ next) learns it; then gpipe-sample, from the run's snapshot:
 - --out writes an llm.c token file that scripts/tokenize_text.py decodes
   back to the printed text (with --samples 3, the three samples in turn,
   issue 77); past 65,536 ids llm.c's uint32 file;
+- sampling builds the model without gradients or optimizer state, and the
+  start-up memory check counts the weights alone (issue 77): a Llama whose
+  AdamW training does not fit a pipeline.memory cap samples under it;
 - weights whose logits overflow are an error naming the sample and
   position, with and without the cache, not a token drawn from NaN;
 - refuses what it cannot do, saying what to give instead: a prompt id
@@ -207,6 +210,25 @@ def main():
         mlp = os.path.join(SRC, "configs", "mlp.yaml")
         rc, _, err = sample(mlp, "--prompt-ids", "1", "--set", "data.dataset=synthetic")
         check(rc == 2 and "not a language model" in err, "an MLP is refused: %s" % err)
+        # issue 77 item 9: sampling holds the weights alone, and its memory
+        # check asks for that: a 10.5M-parameter Llama under a 100 MiB cap
+        # (42 MiB of weights; training's AdamW would hold 200 MiB)
+        big = os.path.join(d, "big.yaml")
+        with open(big, "w") as f:
+            f.write("model:\n  input: [16]\n  llama: {layers: 2, heads: 8, width: 512, "
+                    "intermediate: 1536, vocab: 8192, positions: 64, tie: true}\n"
+                    "  loss: cross_entropy\npipeline: {memory: 100MiB}\n"
+                    "data: {dataset: synthetic}\n"
+                    "train: {steps: 1, batch_size: 4, optimizer: {type: adamw, lr: 0.001}}\n")
+        rc, ids, err = sample(big, "--prompt-ids", "1,2", "--tokens", "3", "--ids")
+        check(rc == 0 and len(ids.split()) == 6,
+              "gpipe-sample fits the weights in a cap that training's state does not: rc %d "
+              "%r %s" % (rc, ids, err[-300:]))
+        rc, _, err = run(os.path.join(BIN, "gpipe-train"), big, "--dry-run")
+        rc2, _, err2 = run(os.path.join(BIN, "gpipe-train"), big)
+        check(rc2 != 0 and "Adam's moments" in err2,
+              "... where gpipe-train, which holds AdamW's state, is refused: rc %d %r"
+              % (rc2, err2[-300:]))
         nothing_lost(d, cfg, snap, weights, out)
         wide_vocab(d)
     return finish("test_sample")

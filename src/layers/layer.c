@@ -339,6 +339,10 @@ static gp_status params_reserve(gp_layer *l, int more)
     l->cap_params = cap;
     return GP_OK;
 }
+/* gp_layers_with_grads(false): parameters without gradients (an
+ * inference-only model) */
+static _Thread_local bool no_grads;
+
 
 gp_status gp_layers_add_param(gp_layer *l, const char *name, const gp_shape *shape,
                               bool is_buffer, bool no_decay)
@@ -359,7 +363,7 @@ gp_status gp_layers_add_param(gp_layer *l, const char *name, const gp_shape *sha
         return GP_OK;
     }
     GP_TRY(gp_tensor_alloc(&p->value, l->dev, shape, GP_MEM_PARAMS));
-    if (!is_buffer) {
+    if (!is_buffer && !no_grads) {
         gp_status s = gp_tensor_zeros(&p->grad, l->dev, shape, GP_MEM_GRADS);
         if (s != GP_OK) {
             gp_tensor_free(&p->value);
@@ -416,6 +420,12 @@ void gp_layers_child_view(const gp_layer *parent, gp_layer *child, int first)
 }
 
 static _Thread_local bool no_draw; /* gp_layers_draw_init(false) */
+bool gp_layers_with_grads(bool grads)
+{
+    bool was = !no_grads;
+    no_grads = !grads;
+    return was;
+}
 
 bool gp_layers_draw_init(bool draw)
 {

@@ -514,6 +514,10 @@ gp_dtype gp_layer_kernel_dtype(const gp_layer *l, gp_dtype dt);
  * replaced).  Constant fills (a norm's scale of 1) are made either way.
  * Returns the setting before. */
 bool gp_layers_draw_init(bool draw);
+/* Whether the layers this thread builds get gradients (true: the default;
+ * false: an inference-only model, gpipe-sample's, whose parameters hold
+ * their values alone); returns the previous setting. */
+bool gp_layers_with_grads(bool grads);
 
 /* Make a layer of spec->type with `index`, infer shapes from `in` (batch
  * dim ignored; an array of 1 + spec->n_pop: the main input, then the

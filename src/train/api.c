@@ -29,6 +29,7 @@ struct gp_run {
                            its update had begun (the model part updated);
                            0 = none */
     gp_status diverged_by; /* that step's status */
+    bool inference;     /* gp_run_inference_only: no gradients, no optimizer state */
 };
 
 /* The checks every call on a run makes first. */
@@ -224,7 +225,9 @@ static gp_status prepare(gp_run *r, bool loads)
     say_many_processes();
     /* loaded below or next: no draws */
     gp_model_build_loads(loads || r->cfg.model.init_from[0] != 0);
+    bool was = gp_model_build_inference(r->inference);
     gp_status os = gp_train_open(&r->cfg, r->devs, r->model, true);
+    gp_model_build_inference(was);
     gp_model_build_loads(false);
     GP_TRY(os);
     r->n_dev = gp_pipeline_devices_total(&r->cfg.pipeline);
@@ -254,6 +257,10 @@ static gp_status run_step(gp_run *r, const float *x, const float *y, int64_t n,
     RUN_ARG(r);
     GP_TRY(batch_arg("gp_run_step", x, y, n));
     GP_TRY(usable(r, "gp_run_step"));
+    if (r->inference)
+        return gp_error_set(GP_ERR_INVALID, "gp_run_step: the run is for inference only "
+                            "(gp_run_inference_only): its model has no gradients; load the "
+                            "config again to train");
     GP_TRY(gp_run_prepare(r));
     GP_TRY(inputs_finite(r, "gp_run_step", x, n));
     /* total_steps <= 0: no schedule, the base rate (with its scaling) */
@@ -295,6 +302,9 @@ static gp_status run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics
 {
     RUN_ARG(r);
     GP_TRY(same_process(r, "gp_run_train_ex"));
+    if (r->inference)
+        return gp_error_set(GP_ERR_INVALID, "gp_run_train_ex: the run is for inference only "
+                            "(gp_run_inference_only); load the config again to train");
     say_many_processes();
     gp_train_options none = GP_TRAIN_OPTIONS_INIT;
     if (!opt) opt = &none;
@@ -560,6 +570,17 @@ gp_status gp_run_device_memory(const gp_run *r, int j, const char **name, size_t
         gp_caller_threads_restore(threads_);                                  \
         return s_;                                                            \
     } while (0)
+
+gp_status gp_run_inference_only(gp_run *r)
+{
+    RUN_ARG(r);
+    if (r->prepared)
+        return gp_error_set(GP_ERR_INVALID, "gp_run_inference_only: the run is prepared "
+                            "already (its model has its gradients); call it before "
+                            "gp_run_prepare, gp_run_restore or any step");
+    r->inference = true;
+    return GP_OK;
+}
 
 gp_status gp_run_prepare(gp_run *r)
 {

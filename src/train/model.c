@@ -50,6 +50,17 @@ static _Thread_local bool build_loads;
 
 void gp_model_build_loads(bool loads) { build_loads = loads; }
 
+static _Thread_local bool build_inference;
+
+bool gp_model_build_inference(bool inference)
+{
+    bool was = build_inference;
+    build_inference = inference;
+    return was;
+}
+
+bool gp_model_building_inference(void) { return build_inference; }
+
 int64_t gp_model_config_classes(const gp_model_config *mc)
 {
     const gp_layer_spec *last = mc->n_layers > 0 ? &mc->layers[mc->n_layers - 1] : NULL;
@@ -89,8 +100,11 @@ static gp_status build_placed(const gp_config *cfg, gp_device *const *devs, int 
                               const int *balance, bool meta, gp_model *out)
 {
     bool was = gp_layers_draw_init(!build_loads);
+    bool grads = gp_layers_with_grads(!build_inference);
     gp_status s = place_layers(cfg, devs, n, v, balance, meta, out);
+    gp_layers_with_grads(grads);
     gp_layers_draw_init(was);
+    if (s == GP_OK) out->inference = build_inference;
     return s;
 }
 
@@ -180,7 +194,9 @@ static gp_status place_layers(const gp_config *cfg, gp_device *const *devs, int 
         gp_model_release(out);
         return ls;
     }
-    gp_optim_opts so = gp_model_optim_opts(cfg);
+    /* an inference-only model keeps no update state: plain SGD's none */
+    gp_optim_opts so = build_inference ? (gp_optim_opts){.kind = GP_OPTIM_SGD}
+                                       : gp_model_optim_opts(cfg);
     gp_status st = gp_optim_create(out->layers, out->n_layers, &so, &out->optim);
     if (st != GP_OK) gp_model_release(out);
     return st;

@@ -713,6 +713,7 @@ static naming file_naming(gp_model *m, gp_st_file *f)
  * allows is said. */
 static gp_status check_optimizer_state(gp_model *m, gp_st_file *f)
 {
+    if (m->inference) return GP_OK; /* the weights alone are read (gpipe-sample) */
     bool mom = false, adam = false;
     const char *tag = gp_st_meta(f, "gpipe.optimizer"); /* older snapshots: none */
     if (tag) {

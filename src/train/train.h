@@ -74,6 +74,7 @@ typedef struct gp_model {
     int proc_replicas;
     struct gp_comm *proc_comm;
     gp_optim *optim;       /* optimizer state and update, owned */
+    bool inference;        /* built for inference only: no gradients (gp_model_build_inference) */
     int64_t step;          /* optimizer steps taken */
     bool refused;          /* the last step failed before any commit or update
                               (before the pipeline's barrier: out of memory,
@@ -118,6 +119,13 @@ void gp_model_build_stop(const _Atomic int *stop);
  * then skip the random draws the load would replace (gp_layers_draw_init).
  * The trainer sets it around gp_train_open; false: draw (the default). */
 void gp_model_build_loads(bool loads);
+/* Whether the models this thread builds are for inference only (the
+ * forward pass and decoding: no gradients, no optimizer state; a step on
+ * one is refused): gp_run_inference_only's, for gpipe-sample.  Returns the
+ * previous setting; gp_model_building_inference reads it (the start-up
+ * memory check counts the weights alone then). */
+bool gp_model_build_inference(bool inference);
+bool gp_model_building_inference(void);
 /* The same placement with every layer shapes only (gp_layer_meta: no
  * device, nothing allocated; layers[k].dev is NULL): what --dry-run
  * describes, whatever the size of the model or the devices it names. */

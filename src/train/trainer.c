@@ -2181,6 +2181,7 @@ static void summary_free(gp_model *m, gp_device **devs, int n)
  * and the update's state (SGD's momentum, Adam's two moments), 4 each. */
 static size_t state_bytes(const gp_config *cfg)
 {
+    if (gp_model_building_inference()) return 4; /* the value alone (gpipe-sample) */
     gp_optim_opts so = gp_model_optim_opts(cfg);
     return 8 + 4 * (size_t)gp_optim_states_per_param(&so);
 }
@@ -2188,10 +2189,12 @@ static size_t state_bytes(const gp_config *cfg)
 /* " and momentum", " and Adam's moments" or "": what state_bytes adds. */
 static const char *state_words(const gp_config *cfg, bool plus)
 {
+    if (gp_model_building_inference()) return ""; /* the weights alone */
     gp_optim_opts so = gp_model_optim_opts(cfg);
     int n = gp_optim_states_per_param(&so);
     if (plus) return n == 2 ? "+adam moments" : n == 1 ? "+momentum" : "";
-    return n == 2 ? " and Adam's moments" : n == 1 ? " and momentum" : "";
+    return n == 2 ? ", gradients and Adam's moments" : n == 1 ? ", gradients and momentum"
+                                                         : " and gradients";
 }
 
 /* The memory CPU devices share: the machine's RAM, or an address-space
@@ -2241,8 +2244,8 @@ static gp_status fits_at_all(const gp_config *cfg, int64_t params)
     if (!ram || need <= ram) return GP_OK;
     char nb[32], hw[200];
     gp_format_bytes((size_t)need, nb, sizeof nb);
-    return gp_error_set(GP_ERR_OOM, "%s: the model's %lld parameters need %s for their weights, "
-                        "gradients%s alone%s, more than %smake the model smaller, or train it "
+    return gp_error_set(GP_ERR_OOM, "%s: the model's %lld parameters need %s for their weights%s "
+                        "alone%s, more than %smake the model smaller, or train it "
                         "on devices with more memory (--dry-run shows each layer's share)",
                         cfg->path, (long long)params, nb, state_words(cfg, false),
                         gp_pipeline_replicas(pc) > 1 ? " in every replica" : "",
@@ -2283,7 +2286,7 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m, gp_device
         char nb[32], cb[32];
         gp_format_bytes((size_t)need, nb, sizeof nb);
         gp_format_bytes((size_t)cap, cb, sizeof cb);
-        return gp_error_set(GP_ERR_OOM, "%s: %s's stages hold %s of weights, gradients%s alone"
+        return gp_error_set(GP_ERR_OOM, "%s: %s's stages hold %s of weights%s alone"
                             "%s, more than %s %s; %sspread the model over more devices",
                             cfg->path, pc->devices[d].name, nb, state_words(cfg, false),
                             buffers[d % n] ? " (batch-norm statistics included)" : "",
@@ -2297,13 +2300,13 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m, gp_device
     gp_format_bytes((size_t)host_need, nb, sizeof nb);
     host_words(ram, limited, hw, sizeof hw);
     if (dry) { /* --dry-run plans for any machine: this one's RAM is a note */
-        fprintf(stderr, "note: the CPU devices' stages hold %s of weights, gradients%s alone, "
+        fprintf(stderr, "note: the CPU devices' stages hold %s of weights%s alone, "
                 "more than %sa run here would stop at start-up\n", nb,
                 state_words(cfg, false), hw);
         return GP_OK;
     }
-    return gp_error_set(GP_ERR_OOM, "%s: the CPU devices' stages hold %s of weights, "
-                        "gradients%s alone, more than %smake the model smaller, or train it "
+    return gp_error_set(GP_ERR_OOM, "%s: the CPU devices' stages hold %s of weights%s "
+                        "alone, more than %smake the model smaller, or train it "
                         "on devices with more memory", cfg->path, nb, state_words(cfg, false),
                         hw);
 }
