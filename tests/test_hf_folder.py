@@ -40,6 +40,8 @@ by hand, no torch) and given to model.init_from:
     gpipe does not decide (bos_token_id 254 came back as 1), and a
     generation_config.json is written: the source's as it was, else one
     with the token ids.
+3. `--convert` checks the model's weights against the memory before it
+    builds the model, as a run's start-up does.
 10. Environment variables are read as options are: GPIPE_HF_SHARD_BYTES=-5
     and ='20 kB' are refused naming the variable (-5 was taken), =20kB is
     20,000 bytes (it was read as 20: fewer shards than =20 gives), and
@@ -290,6 +292,27 @@ def main():
         g = json.load(open(gen)) if os.path.exists(gen) else {}
         check(rc == 0 and g == {"bos_token_id": 254, "eos_token_id": [255, 7], "do_sample": True},
               "the source's generation_config.json goes through as it was: %r" % g)
+
+        # 3: --convert checks the memory before it builds the model (a 1.3 G
+        # parameter Llama's 5.2 GB of weights under a 3 GB address space)
+        huge = os.path.join(d, "huge.yaml")
+        with open(huge, "w") as f:
+            f.write("model:\n  input: [16]\n  llama: {layers: 16, heads: 32, width: 2048, "
+                    "intermediate: 8192, vocab: 128256, positions: 64, tie: true}\n"
+                    "  loss: cross_entropy\ndata: {dataset: synthetic}\n"
+                    "train: {steps: 1, batch_size: 4}\n")
+        import time
+        t0 = time.time()
+        r = subprocess.run([os.path.join(BIN, "gpipe-train"), huge, "--resume",
+                            os.path.join(d, "nowhere.safetensors"), "--convert",
+                            "--export-weights", os.path.join(d, "huge.safetensors")],
+                           capture_output=True, text=True, errors="replace", timeout=120,
+                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS,
+                                                                 (3 << 30, 3 << 30)))
+        check(r.returncode > 0 and "--convert holds the model's" in r.stderr and
+              time.time() - t0 < 30,
+              "--convert of a model past the memory is refused before it is built: rc %s, "
+              "%.1f s, %r" % (r.returncode, time.time() - t0, r.stderr[-300:]))
 
         # 10: environment variables checked as options
         def shards(val):

@@ -759,6 +759,8 @@ static void close_devices(gp_device **devs, int n)
 static gp_status summary_fits(const gp_config *cfg, const gp_model *m, gp_device **devs,
                                bool dry);
 static gp_status fits_at_all(const gp_config *cfg, int64_t params);
+static uint64_t host_memory(bool *limited);
+static const char *host_words(uint64_t ram, bool limited, char *buf, size_t len);
 
 gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model, bool quiet)
 {
@@ -2107,12 +2109,32 @@ gp_status gp_train_convert(const gp_config *cfg, const gp_train_opts *opts)
     o.resume_path = path;
     GP_TRY(check_export_path(cfg, &o));
     GP_TRY(check_outputs_spare_inputs(cfg, &o, NULL, NULL));
+    /* The model is built on one CPU device to hold its weights alone (no
+     * gradients, no optimizer state: an export writes the weights), and
+     * checked against the machine's memory first, as a run's start-up is
+     * (issue 77: a model that could not fit grew the process for ever,
+     * silent, until it was killed). */
+    int64_t params;
+    gp_shape output;
+    GP_TRY(gp_model_describe(cfg, &params, &output));
+    bool limited;
+    uint64_t ram = host_memory(&limited);
+    if (ram && (uint64_t)params * 4 > ram) {
+        char nb[32], hw[200];
+        gp_format_bytes((size_t)params * 4, nb, sizeof nb);
+        return gp_error_set(GP_ERR_OOM, "%s: --convert holds the model's %lld parameters on one "
+                            "CPU device, %s of weights alone, more than %sconvert on a machine "
+                            "with more memory", cfg->path, (long long)params, nb,
+                            host_words(ram, limited, hw, sizeof hw));
+    }
     gp_device *dev = NULL;
     gp_device_opts dopts = {.threads = 0};
     GP_TRY(gp_device_open("cpu:0", &dopts, &dev));
     gp_model m = {0};
     gp_model_build_loads(true); /* the snapshot's weights replace every one */
+    bool was = gp_model_build_inference(true);
     gp_status s = gp_model_build(cfg, dev, &m);
+    gp_model_build_inference(was);
     gp_model_build_loads(false);
     gp_snapshot_pos pos = {0};
     gp_wmodel wv = gp_model_weights(&m);
