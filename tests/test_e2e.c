@@ -535,6 +535,46 @@ static void test_profile_cache(void)
             CHECK_MSG(profiled && kept && !reused, "run %d profiles and keeps it: %.2000s",
                       run_i, out);
     }
+    /* issue 77: a damaged entry is checked as any input is: said, naming
+     * the file, profiled afresh and replaced (a batch of 1e300 stopped
+     * every run; a negative time or first_trainable past the model changed
+     * the balance) */
+    static const char *const damage[][2] = {{"\"batch\": 16", "\"batch\": 1e300"},
+                                            {"\"first_trainable\": 1", "\"first_trainable\": 1000"},
+                                            {"\"loss\": [", "\"loss\": [-1, "}};
+    snprintf(cmd, sizeof cmd, "env -u GPIPE_BALANCE GPIPE_PROFILE_CACHE='%s' %s %s --no-progress",
+             cache, bin, cfg);
+    int rc0 = run(cmd, out, sizeof out);
+    char entry[1024] = "";
+    const char *at = strstr(out, "from the cache (");
+    if (at) snprintf(entry, sizeof entry, "%.*s", (int)strcspn(at + 16, ";"), at + 16);
+    CHECK_MSG(rc0 == 0 && entry[0], "the cached entry's path: %.1000s", out);
+    for (int q = 0; entry[0] && q < 3; q++) {
+        size_t n = 0;
+        char *text = gpt_read_file(entry, &n);
+        char *hit = text ? strstr(text, damage[q][0]) : NULL;
+        CHECK_MSG(hit != NULL, "the entry holds %s", damage[q][0]);
+        if (!hit) {
+            free(text);
+            continue;
+        }
+        FILE *f = fopen(entry, "w");
+        if (f) {
+            fprintf(f, "%.*s%s%s", (int)(hit - text), text, damage[q][1],
+                    hit + strlen(damage[q][0]));
+            fclose(f);
+        }
+        free(text);
+        int rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 0 && strstr(out, "is not usable") && strstr(out, entry) &&
+                      strstr(out, "balance: the profile kept at ") &&
+                      strstr(out, split[0]),
+                  "a cached entry with %s: said, profiled again, the same split: exit %d: "
+                  "%.2000s", damage[q][1], rc, out);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 0 && strstr(out, "from the cache") && !strstr(out, "is not usable"),
+                  "... and replaced: the next run reuses it: %.1500s", out);
+    }
 }
 
 /* An evaluation batch (train.eval_batch_size 1000) that does not fit a

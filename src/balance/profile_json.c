@@ -181,6 +181,20 @@ static double jnum_amount(jctx *c, const gp_json_value *o, const char *key, cons
     return c->st == GP_OK ? v : 0;
 }
 
+/* jnum_req for a count: a whole number in [lo, hi] (issue 77: a cached
+ * profile's "batch": 1e300 became a batch of -2^63 in every later run). */
+static int64_t jint_req(jctx *c, const gp_json_value *o, const char *key, int64_t lo, int64_t hi,
+                        const char *where)
+{
+    double v = jnum_req(c, o, key, where);
+    if (c->st == GP_OK && !(v == floor(v) && v >= (double)lo && v <= (double)hi))
+        c->st = gp_error_set(GP_ERR_DATA, "profile '%s': %s%s\"%s\" is %g, not a whole number "
+                             "from %lld to %lld; re-create the profile with gpipe-balance "
+                             "--profile-out", c->path, where, where[0] ? ": " : "", key, v,
+                             (long long)lo, (long long)hi);
+    return c->st == GP_OK ? (int64_t)v : 0;
+}
+
 /* A list (of n items unless n < 0). */
 static const gp_json_value *jarr_req(jctx *c, const gp_json_value *o, const char *key, int n,
                                      const char *where)
@@ -238,7 +252,7 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
         return gp_error_set(GP_ERR_DATA, "profile '%s': not a gpipe profile (no \"format\": "
                             "\"%s\")", path, PROFILE_FORMAT);
     }
-    int version = (int)jnum_req(&c, root, "version", "");
+    int version = (int)jint_req(&c, root, "version", 0, 1 << 20, "");
     if (c.st == GP_OK && version != PROFILE_VERSION)
         c.st = gp_error_set(GP_ERR_DATA, "profile '%s' has version %d; this gpipe reads version "
                             "%d%s: re-create it with gpipe-balance CONFIG.yaml --profile-out %s",
@@ -264,14 +278,14 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
     }
     const gp_json_value *dv = gp_json_get(root, "device");
     if (dv && dv->kind == GP_JSON_STRING) snprintf(out->device, sizeof out->device, "%s", dv->str);
-    out->threads = (int)jnum_req(&c, root, "threads", "");
+    out->threads = (int)jint_req(&c, root, "threads", 0, 1 << 16, "");
     const gp_json_value *cd = gp_json_get(root, "contend"); /* absent before 2026-11-22: 0 */
     out->contend = cd && cd->kind == GP_JSON_NUMBER ? (int)cd->num : 0;
     const gp_json_value *eb = gp_json_get(root, "evict_bytes");
     out->evict_bytes = eb && eb->kind == GP_JSON_NUMBER ? (int64_t)eb->num : 0;
-    out->batch = (int64_t)jnum_req(&c, root, "batch", "");
-    out->chunks = (int)jnum_req(&c, root, "chunks", "");
-    out->first_trainable = (int)jnum_req(&c, root, "first_trainable", "");
+    out->batch = jint_req(&c, root, "batch", 1, (int64_t)1 << 40, "");
+    out->chunks = (int)jint_req(&c, root, "chunks", 1, 1 << 20, "");
+    out->first_trainable = (int)jint_req(&c, root, "first_trainable", 0, 1 << 20, "");
     const gp_json_value *sk = gp_json_get(root, "skips"); /* absent: no skips */
     if (c.st == GP_OK && sk) {
         if (sk->kind != GP_JSON_ARRAY) {
@@ -306,8 +320,8 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
             c.st = gp_error_set(GP_ERR_DATA, "profile '%s': \"precision\" must be \"fp32\", "
                                 "\"tf32\" or \"bf16\"", path);
     }
-    out->warmup = (int)jnum_req(&c, root, "warmup", "");
-    out->reps = (int)jnum_req(&c, root, "reps", "");
+    out->warmup = (int)jint_req(&c, root, "warmup", 0, 1 << 20, "");
+    out->reps = (int)jint_req(&c, root, "reps", 0, 1 << 20, "");
     const gp_json_value *sizes = jarr_req(&c, root, "sizes", -1, "");
     if (c.st == GP_OK && (sizes->n < 1 || sizes->n > GP_PROFILE_MAX_SIZES))
         c.st = gp_error_set(GP_ERR_DATA, "profile '%s': \"sizes\" needs 1..%d entries", path,
@@ -320,9 +334,15 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
         layers = jarr_req(&c, root, "layers", -1, "");
     }
     for (int z = 0; c.st == GP_OK && z < out->n_sizes; z++) {
-        out->sizes[z] = (int64_t)jitem_req(&c, sizes, z, "sizes");
+        double sz = jitem_req(&c, sizes, z, "sizes");
+        out->sizes[z] = sz >= 1 && sz <= 1e12 && sz == floor(sz) ? (int64_t)sz : 0;
         out->loss[z] = jitem_req(&c, loss, z, "loss");
         out->upload[z] = jitem_req(&c, upload, z, "upload");
+        if (c.st == GP_OK && !(out->loss[z] >= 0 && out->loss[z] <= 1e18 &&
+                               out->upload[z] >= 0 && out->upload[z] <= 1e18))
+            c.st = gp_error_set(GP_ERR_DATA, "profile '%s': \"loss\"[%d] or \"upload\"[%d] is "
+                                "not a time (0 .. 1e18 s); re-create the profile with "
+                                "gpipe-balance --profile-out", path, z, z);
         if (c.st == GP_OK && (out->sizes[z] < 1 || (z > 0 && out->sizes[z] <= out->sizes[z - 1])))
             c.st = gp_error_set(GP_ERR_DATA, "profile '%s': \"sizes\" must be ascending and >= 1",
                                 path);
@@ -333,6 +353,10 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
         out->t = calloc((size_t)(out->L ? out->L : 1) * (size_t)out->n_sizes, sizeof *out->t);
         if (!out->mem || !out->t) c.st = gp_error_set(GP_ERR_OOM, "out of host memory");
         if (out->L < 1) c.st = gp_error_set(GP_ERR_DATA, "profile '%s' has no layers", path);
+        if (c.st == GP_OK && out->first_trainable > out->L)
+            c.st = gp_error_set(GP_ERR_DATA, "profile '%s': \"first_trainable\" is %d, past its "
+                                "%d layers; re-create the profile with gpipe-balance "
+                                "--profile-out", path, out->first_trainable, out->L);
     }
     for (int k = 0; c.st == GP_OK && k < out->L; k++) {
         char where[32];

@@ -529,8 +529,12 @@ static gp_status balance_profile(const gp_config *cfg, bool quiet, gp_profile *p
                         "cache (%s; GPIPE_PROFILE_CACHE=off profiles afresh)", path);
             return GP_OK;
         }
-        GP_DEBUG("balance: the cached profile %s does not fit (%s): profiling", path,
-                 gp_last_error());
+        /* checked as any input is: a damaged or edited entry is said, and
+         * replaced by the profile taken now (issue 77: one with a negative
+         * time or first_trainable past the model changed the balance, one
+         * with "batch": 1e300 stopped every run without naming the file) */
+        GP_WARN("balance: the cached profile %s is not usable (%s); profiling again, and it "
+                "will be replaced", path, gp_last_error());
         gp_error_clear();
         gp_profile_free(prof);
     }
