@@ -36,6 +36,7 @@ by hand, no torch) and given to model.init_from:
     stale model.safetensors beside shards was loaded by transformers); an
     export that fails part way (ulimit -f) leaves the earlier one byte for
     byte and none of its own files.
+19. A tensor in two shards is refused naming it and both shards.
 23. The export's config.json keeps what the source folder's said that
     gpipe does not decide (bos_token_id 254 came back as 1), and a
     generation_config.json is written: the source's as it was, else one
@@ -263,6 +264,23 @@ def main():
         check(r.returncode > 0 and files(out) == before,
               "an export that fails part way leaves the earlier one whole, no file of its own "
               "left: rc %s, %r" % (r.returncode, sorted(files(out))))
+
+        # 19: a tensor in two shards is named as such, with both shards
+        sh = os.path.join(d, "dup")
+        rc, _ = gpipe([yaml(d, "a.yaml", False), "--export-weights", sh, "--export-format",
+                       "hf"], {"GPIPE_HF_SHARD_BYTES": "40kB"})
+        parts = sorted(f for f in os.listdir(sh) if f.endswith(".safetensors")) if rc == 0 else []
+        if len(parts) >= 2:
+            t1, m1 = st_read(os.path.join(sh, parts[0]))
+            t2, m2 = st_read(os.path.join(sh, parts[1]))
+            name = sorted(t1)[0]
+            t2[name] = t1[name]
+            st_write(os.path.join(sh, parts[1]), t2, m2)
+            rc, err = gpipe([yaml(d, "dup.yaml", False, sh)])
+            check(rc > 0 and "is in two shards" in err and parts[0] in err and parts[1] in err
+                  and name in err, "a tensor in two shards: rc %s %r" % (rc, err[-400:]))
+        else:
+            check(False, "the sharded export for the duplicate case: rc %s, %r" % (rc, parts))
 
         # 23: what the source's config.json says that gpipe does not decide survives
         src2 = os.path.join(d, "withids")

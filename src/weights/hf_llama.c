@@ -530,6 +530,18 @@ gp_status gp_llama_read(const gp_wmodel *m, const char *path, gp_st_file *out)
     out->fetch_free = ctx_free;
     gp_status s = is_dir(path) ? check_config(m, path) : GP_OK;
     if (s == GP_OK) s = open_shards(c, path);
+    /* a tensor in two shards is said as such, naming both (issue 77: it read
+     * as one the model has no place for, naming one shard or the other) */
+    for (int i = 0; s == GP_OK && i < c->n_sh; i++)
+        for (int j = i + 1; s == GP_OK && j < c->n_sh; j++)
+            for (int t = 0; s == GP_OK && t < c->sh[j].hdr.n; t++) {
+                const char *nm = c->sh[j].hdr.tensors[t].name;
+                if (gp_st_find(&c->sh[i].hdr, nm))
+                    s = gp_error_set(GP_ERR_DATA, "%s: tensor '%s' is in two shards, %s and %s; "
+                                     "a folder holds each tensor once (the index names its "
+                                     "shard): the folder is damaged or mixes two exports",
+                                     path, nm, c->sh[i].path, c->sh[j].path);
+            }
     bool *used = NULL;
     int n_file = 0;
     for (int i = 0; s == GP_OK && i < c->n_sh; i++) n_file += c->sh[i].hdr.n;
