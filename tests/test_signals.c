@@ -527,6 +527,43 @@ static void test_large_model(void)
     CHECK(log_has(log, "which they share: make the model smaller"));
 }
 
+/* A signal during balance: auto's profile ends it before the next layer,
+ * not after the whole profile (issue 77: ~10 s after it was acknowledged;
+ * this model's profile takes ~15 s on two cores). */
+static void test_profile_signal(void)
+{
+    char cfg[300], log[300];
+    tmp_path(cfg, sizeof cfg, "prof.yaml");
+    const char *text = "model:\n  input: [128]\n"
+                       "  llama: {layers: 6, heads: 8, width: 512, intermediate: 1536, vocab: "
+                       "4096, positions: 128}\n"
+                       "pipeline: {devices: [cpu:0, cpu:1], chunks: 2}\n"
+                       "data: {dataset: synthetic}\n"
+                       "train: {steps: 2, batch_size: 16, log_every: 0}\n";
+    gpt_write_file(cfg, text, strlen(text));
+    tmp_path(log, sizeof log, "prof.txt");
+    char *argv[] = {bin, cfg, "--no-progress", NULL};
+    unsetenv("GPIPE_BALANCE"); /* (the other tests balance by FLOPs: main) */
+    pid_t pid = spawn(bin, argv, log, NULL);
+    setenv("GPIPE_BALANCE", "flops", 1);
+    /* until the profile has begun */
+    double t_start = gp_now();
+    while (!log_has(log, "balance: profiling ") && gp_now() - t_start < 60) sleep_ms(50);
+    CHECK_MSG(log_has(log, "balance: profiling "), "the run profiles its layers");
+    sleep_ms(300);
+    double t0 = gp_now();
+    kill(pid, SIGINT);
+    int rc = wait_exit(pid, 120);
+    double took = gp_now() - t0;
+    printf("SIGINT during balance: auto's profile: exit %d %.2f s after it\n", rc, took);
+    CHECK_MSG(rc == 130, "exit %d, expected 130", rc);
+    CHECK(log_has(log, "stopped by a signal while profiling the layers for balance: auto"));
+    /* one layer's measurement at most (each well under 3 s here, more under the
+     * sanitizers), not the
+     * ~15 s of the rest of the profile */
+    CHECK_MSG(took < 8, "the run stopped %.1f s after the signal", took);
+}
+
 /* ---- the library ------------------------------------------------------------------------- */
 
 typedef struct {
@@ -635,6 +672,7 @@ int main(void)
         test_second_signal();
         test_group_signal();
         test_large_model();
+    test_profile_signal();
     } else {
         CHECK_MSG(false, "%s or %s not built", bin, balance_bin);
     }

@@ -181,6 +181,9 @@ typedef struct gp_profile_opts {
     bool say;               /* log what it profiles and, on a long profile,
                                its progress and the time left (a run's
                                balance: auto; gpipe-balance says its own) */
+    const _Atomic int *stop; /* non-zero: a signal asked the run to stop; the
+                                profile ends before its next layer with
+                                GP_ERR_STOPPED (NULL: none) */
 } gp_profile_opts;
 
 /* Profile the model given by its layer specs and per-sample input (C, H, W).

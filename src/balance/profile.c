@@ -21,6 +21,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1126,6 +1127,14 @@ static gp_status profile_layers(profile_run *r)
                 (long long)r->out->sizes[r->out->n_sizes - 1]);
     double t0 = gp_now(), said = t0;
     for (int k = 0; k < L && s == GP_OK; k++) {
+        /* a signal ends the profile before the next layer, not after all
+         * of them (issue 77: ~10 s after it was acknowledged) */
+        if (r->o->stop && atomic_load(r->o->stop)) {
+            s = gp_error_set(GP_ERR_STOPPED, "stopped by a signal while profiling the layers "
+                             "for balance: auto (%d of %d distinct layers measured), before the "
+                             "first step; nothing was trained", done, distinct);
+            break;
+        }
         if (twin[k] >= 0) {
             s = copy_measured(r, twin[k], k);
             continue;

@@ -346,7 +346,8 @@ static void model_profile_opts(const gp_config *cfg, const gp_model_profile_opts
                           .batch = batch, .chunks = m,
                           .optim_slots = optim_slots(cfg),
                           .seed = cfg->train.seed, .loss = cfg->model.loss,
-                          .label_smoothing = cfg->model.label_smoothing, .say = o->say};
+                          .label_smoothing = cfg->model.label_smoothing, .say = o->say,
+                          .stop = build_stop};
     /* Every CPU device of the run (all replicas) computes at once. */
     int n_cpu = gp_pipeline_cpu_devices(pc);
     if (!o->alone && gp_device_spec_is_cpu(&pc->devices[0]) && n_cpu > 1) po.contend = n_cpu - 1;
