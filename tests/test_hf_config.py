@@ -162,6 +162,11 @@ def main():
         refused(d, cfg, "/dev/zero", [cj, "not a regular file"])
         os.remove(cj)
         refused(d, cfg, "no config.json", [folder, "has no config.json", "layers"])
+        # a folder that is not there, with the sizes left to it (issue 77 item 18)
+        gone = yaml(d, os.path.join(d, "gone"))
+        refused(d, gone, "a missing folder", [os.path.join(d, "gone"), "is not there",
+                                             "layers"])
+        cfg = yaml(d, folder)
         # ... which the YAML's sizes make no error (the tensors are checked as they load)
         full = yaml(d, folder, "{layers: 3, heads: 4, kv_heads: 2, width: 64, intermediate: "
                     "128, vocab: 256, positions: 64, tie: true}")

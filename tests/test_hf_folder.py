@@ -41,6 +41,9 @@ by hand, no torch) and given to model.init_from:
     gpipe does not decide (bos_token_id 254 came back as 1), and a
     generation_config.json is written: the source's as it was, else one
     with the token ids.
+18. A run's snapshots resume (gpipe-train and gpipe-sample --resume) once
+    its model.init_from folder is gone (gpipe-sample loaded the folder
+    before the snapshot replaced it).
 3. `--convert` checks the model's weights against the memory before it
     builds the model, as a run's start-up does.
 10. Environment variables are read as options are: GPIPE_HF_SHARD_BYTES=-5
@@ -310,6 +313,25 @@ def main():
         g = json.load(open(gen)) if os.path.exists(gen) else {}
         check(rc == 0 and g == {"bos_token_id": 254, "eos_token_id": [255, 7], "do_sample": True},
               "the source's generation_config.json goes through as it was: %r" % g)
+
+        # 18: a run's snapshots resume and sample once its init_from folder is gone
+        moved = os.path.join(d, "moved")
+        shutil.copytree(src, moved)
+        ry = os.path.join(d, "r.yaml")
+        with open(ry, "w") as f:
+            f.write("model:\n  input: [16]\n  llama: {%s, tie: false}\n  init_from: %s\n"
+                    "  loss: cross_entropy\ndata: {dataset: synthetic}\n"
+                    "train: {steps: 2, batch_size: 4, snapshot: {every_steps: 2, dir: %s}}\n"
+                    % (SIZES, moved, os.path.join(d, "rsnaps")))
+        rc, err = gpipe([ry, "-q"])
+        shutil.rmtree(moved)
+        rc2, err2 = gpipe([ry, "--resume", "latest", "--set", "train.steps=4", "-q"])
+        r = subprocess.run([os.path.join(BIN, "gpipe-sample"), ry, "--resume", "latest",
+                            "--prompt-ids", "1,2", "--tokens", "2", "--ids"],
+                           capture_output=True, text=True, errors="replace", timeout=120)
+        check(rc == 0 and rc2 == 0 and r.returncode == 0 and len(r.stdout.split()) == 5,
+              "init_from's folder gone: --resume and gpipe-sample --resume go on: rc %s %s %s "
+              "%r %r" % (rc, rc2, r.returncode, err2[-300:], r.stderr[-300:]))
 
         # 3: --convert checks the memory before it builds the model (a 1.3 G
         # parameter Llama's 5.2 GB of weights under a 3 GB address space)

@@ -23,6 +23,7 @@
 #include "core/hf_config.h"
 #include "core/json.h"
 
+#include <errno.h>
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -702,12 +703,25 @@ static gp_status llama_src_open(gp_cfg_walk *w, const gp_ynode *m, const gp_ynod
         return GP_OK;
     s->from = in;
     struct stat st;
-    /* a file (safetensors, llm.c's) has no config.json; a path that is not
-     * there is the loader's to report */
-    if (stat(in->text, &st) != 0 || !S_ISDIR(st.st_mode)) return GP_OK;
+    static const char *const sizes[] = {"layers", "heads", "width", "intermediate", "vocab"};
+    /* a path that is not there: the loader reports it, unless the sizes were
+     * to come from it (issue 77: LlamaConfig's defaults, Llama 2 7B, were
+     * built instead, and a snapshot of the run did not fit them) */
+    if (stat(in->text, &st) != 0) {
+        for (int i = 0; i < GP_COUNT(sizes); i++)
+            if (gp_cfg_absent(gp_ymap_get(g, sizes[i])))
+                return gp_cfg_bad(w, in, "model.init_from '%s' is not there (%s), and "
+                                  "model.llama leaves %s out, which its config.json would give: "
+                                  "restore the folder, or give model.llama's sizes in the YAML "
+                                  "(the run's snapshots hold its weights: --resume and "
+                                  "gpipe-sample --resume work with the sizes given)", in->text,
+                                  strerror(errno), sizes[i]);
+        return GP_OK;
+    }
+    /* a file (safetensors, llm.c's) has no config.json */
+    if (!S_ISDIR(st.st_mode)) return GP_OK;
     if (gp_hf_config_read(in->text, &s->cfg) != GP_OK) return llama_src_bad(w, s, NULL);
     if (!s->cfg.json) {
-        static const char *const sizes[] = {"layers", "heads", "width", "intermediate", "vocab"};
         for (int i = 0; i < GP_COUNT(sizes); i++)
             if (gp_cfg_absent(gp_ymap_get(g, sizes[i])))
                 return gp_cfg_bad(w, in, "model.init_from '%s' has no config.json, and "

@@ -233,8 +233,11 @@ static gp_status prepare(gp_run *r, bool loads)
     r->n_dev = gp_pipeline_devices_total(&r->cfg.pipeline);
     r->prepared = true;
     r->prepared_by = getpid();
-    /* model.init_from, as gpipe-train starts from it */
-    if (r->cfg.model.init_from[0]) {
+    /* model.init_from, as gpipe-train starts from it; not where a snapshot
+     * replaces every weight next (loads: gp_run_restore), which the folder
+     * need not be there for (issue 77: gpipe-sample --resume failed once a
+     * run's init_from folder was gone) */
+    if (r->cfg.model.init_from[0] && !loads) {
         gp_status s = gp_snapshot_init_from(r->model, r->cfg.model.init_from);
         if (s != GP_OK) {
             drop_model(r);
