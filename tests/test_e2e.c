@@ -568,8 +568,8 @@ static void test_profile_cache(void)
         int rc = run(cmd, out, sizeof out);
         CHECK_MSG(rc == 0 && strstr(out, "is not usable") && strstr(out, entry) &&
                       strstr(out, "balance: the profile kept at ") &&
-                      strstr(out, split[0]),
-                  "a cached entry with %s: said, profiled again, the same split: exit %d: "
+                      strstr(out, "balance (auto, by profiled time): "),
+                  "a cached entry with %s: said, profiled again and kept: exit %d: "
                   "%.2000s", damage[q][1], rc, out);
         rc = run(cmd, out, sizeof out);
         CHECK_MSG(rc == 0 && strstr(out, "from the cache") && !strstr(out, "is not usable"),
