@@ -48,8 +48,10 @@ by hand, no torch) and given to model.init_from:
     builds the model, as a run's start-up does.
 10. Environment variables are read as options are: GPIPE_HF_SHARD_BYTES=-5
     and ='20 kB' are refused naming the variable (-5 was taken), =20kB is
-    20,000 bytes (it was read as 20: fewer shards than =20 gives), and
-    GPIPE_TEST_FAIL_STEP=1x is refused.
+    20,000 bytes (it was read as 20: fewer shards than =20 gives),
+    GPIPE_TEST_FAIL_STEP=1x is refused, and so is any GPIPE_* switch set to
+    a word it does not take (GPIPE_FUSE_GELU=no, GPIPE_CPU_CONV=blockd,
+    GPIPE_LOG=verbose) or a number out of range (GPIPE_CPU_COPY_DELAY_US=-4).
 
 Needs GPIPE_BINARY_DIR (set by CTest).  Prints "test_hf_folder: N passed,
 N failed" last.
@@ -372,6 +374,13 @@ def main():
         check(rc1 == 0 and rc2 == 0 and 1 < n_kb < n_bytes,
               "GPIPE_HF_SHARD_BYTES=20kB is 20,000 bytes, not 20: %d shards against 20's %d "
               "(%s %s)" % (n_kb, n_bytes, err1[-200:], err2[-200:]))
+        for var, val, needle in (("GPIPE_FUSE_GELU", "no", "not one of 0, 1"),
+                                 ("GPIPE_CPU_CONV", "blockd", "not one of auto, plain, blocked"),
+                                 ("GPIPE_LOG", "verbose", "not one of debug"),
+                                 ("GPIPE_CPU_COPY_DELAY_US", "-4", "not a whole number")):
+            rc, err = gpipe([yaml(d, "a.yaml", False), "--dry-run"], {var: val})
+            check(rc == 2 and "%s='%s'" % (var, val) in err and needle in err,
+                  "%s=%s refused at start-up: rc %s %r" % (var, val, rc, err[-300:]))
         rc, err = gpipe([yaml(d, "a.yaml", False)], {"GPIPE_TEST_FAIL_STEP": "1x"})
         check(rc > 0 and "GPIPE_TEST_FAIL_STEP='1x'" in err,
               "GPIPE_TEST_FAIL_STEP=1x refused: rc %s %r" % (rc, err[-300:]))

@@ -142,6 +142,7 @@ gp_status gp_config_parse(const char *name, const char *text, size_t len,
     memset(out, 0, sizeof *out);
     if (!name) name = "<config>";
     if (!text && len) return gp_error_set(GP_ERR_INVALID, "%s: no config text given", name);
+    GP_TRY(gp_env_check()); /* the environment is checked as the options are */
     if (strlen(name) >= sizeof out->path)
         return gp_error_set(GP_ERR_INVALID, "%.80s...: the config's path is too long (at "
                             "most %zu characters)", name, sizeof out->path - 1);

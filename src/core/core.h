@@ -190,6 +190,12 @@ const char *gp_open_strerror(int e);
  * max_shard_size does: kB, MB, GB (powers of 1000) or KiB, MiB, GiB. */
 gp_status gp_env_int(const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out);
 gp_status gp_env_bytes(const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out);
+/* Every GPIPE_* environment variable gpipe reads whose value is one of a
+ * few words or a number, checked at once (every config load calls it):
+ * the first that is set to something else is an error naming it, its
+ * value and what it takes (issue 77: a misspelt value was taken as the
+ * default, or as any other value, without a word). */
+gp_status gp_env_check(void);
 /* Whether the folder that holds `path` (its directory part, "." for a bare
  * name) is `dir`, the same folder on disk, whatever the spelling; false
  * when either does not exist. */

@@ -247,6 +247,75 @@ gp_status gp_env_bytes(const char *name, int64_t def, int64_t lo, int64_t hi, in
     return env_value(name, true, def, lo, hi, out);
 }
 
+/* The GPIPE_* variables whose values are words (lo > hi: `words` lists
+ * them, "|" between) or numbers in [lo, hi] (bytes: a unit may follow),
+ * each where its feature is documented (README, "Environment variables"). */
+static const struct env_rule {
+    const char *name, *words;
+    int64_t lo, hi;
+    bool bytes;
+} env_rules[] = {
+    {"GPIPE_LOG", "debug|info|warn|error|quiet", 1, 0, false},
+    {"GPIPE_BALANCE", "flops|time", 1, 0, false},
+    {"GPIPE_CPU_CONV", "auto|plain|blocked", 1, 0, false},
+    {"GPIPE_CPU_STREAMS", "sync|threads", 1, 0, false},
+    {"GPIPE_CPU_KEEP_WEIGHTS", "0|1", 1, 0, false},
+    {"GPIPE_CPU_KEEP_BLOCKS", "0|1|nhwc", 1, 0, false},
+    {"GPIPE_ATTN_WIDTH", "8|16", 1, 0, false},
+    {"GPIPE_CHECK_MIRRORS", "0|1", 1, 0, false},
+    {"GPIPE_LOG_LAUNCHES", "0|1", 1, 0, false},
+    {"GPIPE_FUSE_RELU", "0|1", 1, 0, false},
+    {"GPIPE_FUSE_ADD_NORM", "0|1", 1, 0, false},
+    {"GPIPE_FUSE_GELU", "0|1", 1, 0, false},
+    {"GPIPE_FUSE_LOSS", "0|1", 1, 0, false},
+    {"GPIPE_CUBLASLT", "0|1", 1, 0, false},
+    {"GPIPE_CUDNN_LEGACY", "0|1", 1, 0, false},
+    {"GPIPE_CUDNN_GRAPH", "auto|force", 1, 0, false},
+    {"GPIPE_CUDNN_SDPA", "0|1", 1, 0, false},
+    {"GPIPE_CUDA_NHWC", "0|1|chains", 1, 0, false},
+    {"GPIPE_PROCS_CHANNELS", "0|1", 1, 0, false},
+    {"GPIPE_PROCS_STAGE", "0|1", 1, 0, false},
+    {"GPIPE_CPU_COPY_DELAY_US", NULL, 0, 1000000, false},
+    {"GPIPE_CPU_FAKE_SEARCH", NULL, 0, 1 << 20, false},
+    {"GPIPE_TEST_FAIL_STEP", NULL, -1, INT64_MAX, false},
+    {"GPIPE_SNAPSHOT_SLOW_WRITE_MS", NULL, 0, 3600000, false},
+    {"GPIPE_SNAPSHOT_SLOW_COPY_MS", NULL, 0, 3600000, false},
+    {"GPIPE_HF_SHARD_BYTES", NULL, 1, (int64_t)1 << 50, true},
+};
+
+gp_status gp_env_check(void)
+{
+    for (size_t i = 0; i < sizeof env_rules / sizeof env_rules[0]; i++) {
+        const struct env_rule *r = &env_rules[i];
+        const char *v = getenv(r->name);
+        if (!v || !*v) continue;
+        if (!r->words) {
+            int64_t x;
+            GP_TRY(env_value(r->name, r->bytes, 0, r->lo, r->hi, &x));
+            continue;
+        }
+        bool ok = false;
+        for (const char *w = r->words; *w && !ok;) {
+            size_t n = strcspn(w, "|");
+            ok = strlen(v) == n && !strncmp(v, w, n);
+            w += n + (w[n] == '|');
+        }
+        if (!ok) {
+            char list[160];
+            size_t at = 0;
+            for (const char *c = r->words; *c && at + 3 < sizeof list; c++) {
+                if (*c == '|') list[at++] = ',', list[at++] = ' ';
+                else list[at++] = *c;
+            }
+            list[at] = '\0';
+            return gp_error_set(GP_ERR_INVALID, "environment variable %s='%s': not one of %s; "
+                                "unset it, or give one of them (README, \"Environment "
+                                "variables\")", r->name, v, list);
+        }
+    }
+    return GP_OK;
+}
+
 const char *gp_open_strerror(int e)
 {
     return e == EINVAL ? "not a regular file (a folder, a FIFO or a device)" : strerror(e);
