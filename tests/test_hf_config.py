@@ -115,6 +115,9 @@ def main():
               "the good folder's model has %d parameters: %r" % (GOOD_PARAMS, params_of(out)))
         check("model.llama.layers = 3 (%s: num_hidden_layers)" % cj in out + err,
               "-v says where layers came from")
+        check("model.llama.rope_scaling = none (%s: rope_scaling null or absent)" % cj
+              in out + err and "model.llama.heads = 4 (default)" not in out + err,
+              "-v lists rope_scaling and marks no size from the file as a default (item 22)")
 
         # (1) hangs and crashes: a FIFO in every tool; num_attention_heads 0
         os.remove(cj)

@@ -872,6 +872,9 @@ static gp_status llama_sizes(gp_cfg_walk *w, const gp_ynode *g, const llama_src 
                     "high_freq_factor: %g, original_positions: %lld} (%s: rope_scaling, llama3)",
                     factor, low, high, (long long)orig, s->cfg.path);
     }
+    if (cj && !s->llama3 && gp_cfg_absent(rs))
+        gp_cfg_note(w, "model.llama.rope_scaling = none (%s: %s)", s->cfg.path,
+                    s->sc ? "rope_scaling of another rope_type" : "rope_scaling null or absent");
     if (!gp_cfg_absent(rs)) { /* Llama 3's: {factor, low_freq_factor, high_freq_factor,
                                  original_positions} */
         if (rs->kind != GP_YNODE_MAP)
