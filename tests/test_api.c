@@ -1008,6 +1008,10 @@ static void test_inference_only(void)
     CHECK_MSG(cur_a < cur_b, "it holds less (no gradients, no moments): %zu bytes against %zu",
               cur_a, cur_b);
     CHECK_ERR(gp_run_step(a, x, y, N, 0, NULL), GP_ERR_INVALID, "inference only");
+    char snap[400];
+    snprintf(snap, sizeof snap, "%s/inference.safetensors", tmpdir);
+    CHECK_ERR(gp_run_save(a, snap), GP_ERR_INVALID, "no optimizer state to save");
+    CHECK(access(snap, F_OK) != 0);
     CHECK_ERR(gp_run_inference_only(b), GP_ERR_INVALID, "prepared already");
     free(oa);
     free(ob);

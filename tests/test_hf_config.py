@@ -167,7 +167,7 @@ def main():
         refused(d, cfg, "no config.json", [folder, "has no config.json", "layers"])
         # a folder that is not there, with the sizes left to it (issue 77 item 18)
         gone = yaml(d, os.path.join(d, "gone"))
-        refused(d, gone, "a missing folder", [os.path.join(d, "gone"), "is not there",
+        refused(d, gone, "a missing folder", [os.path.join(d, "gone"), "cannot be read (No such file",
                                              "layers"])
         cfg = yaml(d, folder)
         # ... which the YAML's sizes make no error (the tensors are checked as they load)

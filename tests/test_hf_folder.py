@@ -308,13 +308,34 @@ def main():
         g = json.load(open(gen)) if os.path.exists(gen) else {}
         check(g.get("bos_token_id") == 254 and g.get("eos_token_id") == 255,
               "a generation_config.json with the token ids: %r" % g)
+        text = open(os.path.join(out2, "config.json")).read() if rc == 0 else ""
+        check(text.count('"initializer_range"') == 1,
+              "no key twice in the exported config.json (initializer_range)")
         with open(os.path.join(src2, "generation_config.json"), "w") as f:
-            json.dump({"bos_token_id": 254, "eos_token_id": [255, 7], "do_sample": True}, f)
+            json.dump({"bos_token_id": 254, "eos_token_id": [255, 7], "do_sample": True,
+                       "temperature": 1.0}, f)
         rc, err = gpipe([yaml(d, "i.yaml", False, src2), "--export-weights", out2,
                          "--export-format", "hf"])
         g = json.load(open(gen)) if os.path.exists(gen) else {}
-        check(rc == 0 and g == {"bos_token_id": 254, "eos_token_id": [255, 7], "do_sample": True},
-              "the source's generation_config.json goes through as it was: %r" % g)
+        check(rc == 0 and g == {"bos_token_id": 254, "eos_token_id": [255, 7], "do_sample": True,
+                                "temperature": 1.0} and isinstance(g["temperature"], float),
+              "the source's generation_config.json goes through as it was (1.0 a float): %r"
+              % g)
+        # an export into a folder of snapshots converts one of them (only the
+        # export's own names count as what it would replace)
+        sd = os.path.join(d, "snapfolder")
+        rc, err = gpipe([yaml(d, "sn.yaml", False), "--set",
+                         "train.snapshot.every_steps=1", "--set",
+                         "train.snapshot.dir=%s" % sd, "-q"])
+        snaps = sorted(f for f in os.listdir(sd) if f.startswith("snapshot-")) if rc == 0 else []
+        if snaps:
+            rc, err = gpipe([yaml(d, "sn.yaml", False), "--resume", os.path.join(sd, snaps[-1]),
+                             "--convert", "--export-weights", sd, "--export-format", "hf"])
+            check(rc == 0 and os.path.exists(os.path.join(sd, "config.json")) and
+                  os.path.exists(os.path.join(sd, snaps[-1])),
+                  "--convert of a snapshot into its own folder: rc %s %r" % (rc, err[-300:]))
+        else:
+            check(False, "snapshots for the convert case: rc %s %r" % (rc, err[-300:]))
 
         # 18: a run's snapshots resume and sample once its init_from folder is gone
         moved = os.path.join(d, "moved")

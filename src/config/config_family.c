@@ -710,7 +710,7 @@ static gp_status llama_src_open(gp_cfg_walk *w, const gp_ynode *m, const gp_ynod
     if (stat(in->text, &st) != 0) {
         for (int i = 0; i < GP_COUNT(sizes); i++)
             if (gp_cfg_absent(gp_ymap_get(g, sizes[i])))
-                return gp_cfg_bad(w, in, "model.init_from '%s' is not there (%s), and "
+                return gp_cfg_bad(w, in, "model.init_from '%s' cannot be read (%s), and "
                                   "model.llama leaves %s out, which its config.json would give: "
                                   "restore the folder, or give model.llama's sizes in the YAML "
                                   "(the run's snapshots hold its weights: --resume and "
@@ -754,7 +754,12 @@ static gp_status llama_int(gp_cfg_walk *w, const gp_ynode *g, const llama_src *s
         return gp_cfg_get_int(w, g, "model.llama", key, def, lo, hi, out);
     if (gp_hf_config_int(&s->cfg, obj, jkey, def, lo, hi, out) != GP_OK)
         return llama_src_bad(w, s, key);
-    gp_cfg_note(w, "model.llama.%s = %lld (%s: %s)", key, (long long)*out, s->cfg.path, jkey);
+    if (gp_json_get(obj ? obj : s->cfg.json, jkey))
+        gp_cfg_note(w, "model.llama.%s = %lld (%s: %s)", key, (long long)*out, s->cfg.path,
+                    jkey);
+    else
+        gp_cfg_note(w, "model.llama.%s = %lld (default: %s has no %s)", key, (long long)*out,
+                    s->cfg.path, jkey);
     return GP_OK;
 }
 
@@ -770,12 +775,15 @@ static gp_status llama_float(gp_cfg_walk *w, const gp_ynode *g, const llama_src 
     if (gp_hf_config_num(&s->cfg, obj, jkey, def, lo, FLT_MAX, true, &v) != GP_OK)
         return llama_src_bad(w, s, key);
     *out = (float)v;
+    bool in_file = gp_json_get(obj ? obj : s->cfg.json, jkey) != NULL;
     if (!(*out > (float)lo)) { /* rounds to lo as a 32-bit float */
         gp_error_set(GP_ERR_DATA, "%s: %s = %.17g rounds to %g as a 32-bit float, which is not "
                      "above %g", s->cfg.path, jkey, v, (double)*out, lo);
         return llama_src_bad(w, s, key);
     }
-    gp_cfg_note(w, "model.llama.%s = %g (%s: %s)", key, (double)*out, s->cfg.path, jkey);
+    if (in_file) gp_cfg_note(w, "model.llama.%s = %g (%s: %s)", key, (double)*out, s->cfg.path, jkey);
+    else gp_cfg_note(w, "model.llama.%s = %g (default: %s has no %s)", key, (double)*out,
+                     s->cfg.path, jkey);
     return GP_OK;
 }
 

@@ -210,8 +210,10 @@ bool gp_same_file(const char *a, const char *b);
  * Hugging Face model's) reads: the same file whatever the spelling (hard
  * links too: gp_same_file), or one inside the other where the inner one is
  * a member such a folder is made of (config.json, generation_config.json,
- * *.safetensors, *.index.json).  Issue 77: `--out D/model.safetensors`
- * with `--weights D` replaced the input, as whole paths were compared. */
+ * *.safetensors, *.index.json; inside an output folder, the names a
+ * Hugging Face export writes or removes there).  Issue 77: `--out
+ * D/model.safetensors` with `--weights D` replaced the input, as whole
+ * paths were compared. */
 bool gp_path_overlaps(const char *out, const char *in);
 
 /* ------------------------------------------------------------------------ */

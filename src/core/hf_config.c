@@ -35,8 +35,15 @@ static const char *encoding_hint(const unsigned char *t, size_t n)
 
 gp_status gp_hf_config_read(const char *dir, gp_hf_config *c)
 {
+    char path[sizeof c->path];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    return gp_hf_json_read(path, c);
+}
+
+gp_status gp_hf_json_read(const char *path, gp_hf_config *c)
+{
     memset(c, 0, sizeof *c);
-    snprintf(c->path, sizeof c->path, "%s/config.json", dir);
+    snprintf(c->path, sizeof c->path, "%s", path);
     int fd = gp_open_regular(c->path);
     if (fd < 0) {
         if (errno == ENOENT) return GP_OK;
@@ -83,8 +90,8 @@ gp_status gp_hf_config_read(const char *dir, gp_hf_config *c)
                             r.err, encoding_hint((const unsigned char *)c->text, n));
     }
     if (c->json->kind != GP_JSON_OBJECT)
-        return gp_error_set(GP_ERR_DATA, "'%s' is not a JSON object ({\"hidden_size\": ..., ...}), "
-                            "as a Hugging Face config.json is", c->path);
+        return gp_error_set(GP_ERR_DATA, "'%s' is not a JSON object ({\"key\": value, ...}), as "
+                            "a Hugging Face folder's JSON files are", c->path);
     return GP_OK;
 }
 

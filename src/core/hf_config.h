@@ -38,6 +38,9 @@ typedef struct gp_hf_config {
  * byte-order mark and UTF-16), or not an object.  Free with
  * gp_hf_config_free, also after an error. */
 gp_status gp_hf_config_read(const char *dir, gp_hf_config *c);
+/* The same for any JSON object file of such a folder (path itself:
+ * generation_config.json). */
+gp_status gp_hf_json_read(const char *path, gp_hf_config *c);
 void gp_hf_config_free(gp_hf_config *c);
 
 /* obj's (c->json where NULL) member `key` as an integer in [lo, hi]; def

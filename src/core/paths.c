@@ -404,6 +404,22 @@ static bool linked_member(const char *f, const char *dir)
     return hit;
 }
 
+/* A file a Hugging Face export writes or removes in its folder, by name
+ * (hf_llama.c's export_file): config.json, generation_config.json, the
+ * index, model.safetensors or a model-NNNNN-of-NNNNN shard.  Other files
+ * in an output folder (snapshots beside a TensorBoard log, say) are never
+ * touched. */
+static bool export_member(const char *path)
+{
+    const char *slash = strrchr(path, '/'), *b = slash ? slash + 1 : path;
+    int x, y;
+    char tail[32];
+    return !strcmp(b, "config.json") || !strcmp(b, "generation_config.json") ||
+           !strcmp(b, "model.safetensors") || !strcmp(b, "model.safetensors.index.json") ||
+           (sscanf(b, "model-%5d-of-%5d%31s", &x, &y, tail) == 3 &&
+            !strcmp(tail, ".safetensors"));
+}
+
 bool gp_path_overlaps(const char *out, const char *in)
 {
     if (!out || !in || !out[0] || !in[0]) return false;
@@ -411,9 +427,7 @@ bool gp_path_overlaps(const char *out, const char *in)
     if (is_dir_path(in) &&
         ((folder_member(out) && gp_path_in_dir(out, in)) || linked_member(out, in)))
         return true;
-    if (is_dir_path(out) &&
-        ((folder_member(in) && gp_path_in_dir(in, out)) || linked_member(in, out)))
-        return true;
+    if (is_dir_path(out) && export_member(in) && gp_path_in_dir(in, out)) return true;
     return false;
 }
 

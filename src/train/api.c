@@ -476,6 +476,10 @@ static gp_status one_process(const gp_run *r, const char *what)
 
 static gp_status run_save(gp_run *r, const char *path)
 {
+    if (r && r->inference)
+        return gp_error_set(GP_ERR_INVALID, "gp_run_save: the run is for inference only "
+                            "(gp_run_inference_only): it holds no optimizer state to save; "
+                            "gp_run_export_weights writes its weights");
     RUN_ARG(r);
     GP_TRY(usable(r, "gp_run_save"));
     if (path && path[0]) GP_TRY(spares_inputs(r, path, "gp_run_save"));

@@ -2119,13 +2119,19 @@ gp_status gp_train_convert(const gp_config *cfg, const gp_train_opts *opts)
     GP_TRY(gp_model_describe(cfg, &params, &output));
     bool limited;
     uint64_t ram = host_memory(&limited);
-    if (ram && (uint64_t)params * 4 > ram) {
-        char nb[32], hw[200];
-        gp_format_bytes((size_t)params * 4, nb, sizeof nb);
+    /* the model's weights, and the snapshot read whole beside them (an
+     * Adam snapshot is 12 bytes a parameter) */
+    struct stat sst;
+    uint64_t snap = stat(path, &sst) == 0 ? (uint64_t)sst.st_size : 0;
+    uint64_t need = (uint64_t)params * 4 + snap;
+    if (ram && need > ram) {
+        char nb[32], sb[32], hw[200];
+        gp_format_bytes((size_t)need, nb, sizeof nb);
+        gp_format_bytes((size_t)snap, sb, sizeof sb);
         return gp_error_set(GP_ERR_OOM, "%s: --convert holds the model's %lld parameters on one "
-                            "CPU device, %s of weights alone, more than %sconvert on a machine "
-                            "with more memory", cfg->path, (long long)params, nb,
-                            host_words(ram, limited, hw, sizeof hw));
+                            "CPU device and reads the snapshot (%s) beside them, %s in all, more "
+                            "than %sconvert on a machine with more memory", cfg->path,
+                            (long long)params, sb, nb, host_words(ram, limited, hw, sizeof hw));
     }
     gp_device *dev = NULL;
     gp_device_opts dopts = {.threads = 0};

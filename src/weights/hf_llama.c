@@ -784,25 +784,35 @@ static gp_status write_shard(const gp_wmodel *m, const char *dir, const hf_part 
 
 /* config.json: what LlamaForCausalLM.from_pretrained needs to build this
  * model (every size, rope_theta and rope_scaling, eps, the tie). */
-/* A value of the source's config.json written as it was. */
-static void put_value(gp_json_writer *w, const char *key, const gp_json_value *v)
+/* A value of a source file (its text: a number keeps its form, 1.0 a
+ * float, 1 an integer) written as it was. */
+static void put_value(gp_json_writer *w, const char *key, const gp_json_value *v,
+                      const char *text)
 {
     switch (v->kind) {
     case GP_JSON_OBJECT:
         gp_json_open_object(w, key);
-        for (int i = 0; i < v->n; i++) put_value(w, v->keys[i], &v->items[i]);
+        for (int i = 0; i < v->n; i++) put_value(w, v->keys[i], &v->items[i], text);
         gp_json_close(w);
         break;
     case GP_JSON_ARRAY:
         gp_json_open_array(w, key);
-        for (int i = 0; i < v->n; i++) put_value(w, NULL, &v->items[i]);
+        for (int i = 0; i < v->n; i++) put_value(w, NULL, &v->items[i], text);
         gp_json_close(w);
         break;
     case GP_JSON_STRING: gp_json_put_str(w, key, v->str); break;
-    case GP_JSON_NUMBER:
-        if (v->num == floor(v->num) && fabs(v->num) < 9e15) gp_json_put_int(w, key, (int64_t)v->num);
-        else gp_json_put_num(w, key, v->num);
+    case GP_JSON_NUMBER: {
+        const char *t = text ? text + v->offset : "";
+        size_t n = strspn(t, "+-0123456789.eE");
+        bool real = memchr(t, '.', n) || memchr(t, 'e', n) || memchr(t, 'E', n);
+        if (!real && v->num == floor(v->num) && fabs(v->num) < 9e15)
+            gp_json_put_int(w, key, (int64_t)v->num);
+        else if (real && v->num == floor(v->num) && fabs(v->num) < 1e15)
+            gp_json_put_fixed(w, key, v->num, 1);
+        else
+            gp_json_put_num(w, key, v->num);
         break;
+    }
     case GP_JSON_TRUE:
     case GP_JSON_FALSE: gp_json_put_bool(w, key, v->kind == GP_JSON_TRUE); break;
     default: gp_json_put_null(w, key); break;
@@ -817,7 +827,7 @@ static bool config_key_ours(const char *k)
         "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
         "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
         "rope_parameters", "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act",
-        "torch_dtype", "dtype"};
+        "initializer_range", "torch_dtype", "dtype"};
     for (size_t i = 0; i < sizeof ours / sizeof ours[0]; i++)
         if (!strcmp(k, ours[i])) return true;
     return false;
@@ -889,7 +899,7 @@ static gp_status write_config(const gp_wmodel *m, const char *dir, bool bf16,
             const char *k = src->json->keys[i];
             if (config_key_ours(k) || gp_json_get(src->json, k) != &src->json->items[i])
                 continue; /* ours, or a key given twice: its last value only */
-            put_value(&w, k, &src->json->items[i]);
+            put_value(&w, k, &src->json->items[i], src->text);
             use_cache |= !strcmp(k, "use_cache");
         }
     if (!use_cache) gp_json_put_bool(&w, "use_cache", true);
@@ -911,34 +921,20 @@ static gp_status write_generation_config(const char *dir, const char *source,
     if (source) {
         char from[1100];
         snprintf(from, sizeof from, "%s/generation_config.json", source);
-        FILE *f = gp_fopen_regular(from);
-        if (f) {
-            char *text = NULL;
-            size_t len = 0, cap = 0;
-            int c;
-            while ((c = fgetc(f)) != EOF && len < ((size_t)1 << 20)) {
-                if (len + 1 >= cap) {
-                    size_t nc = cap ? cap * 2 : 4096;
-                    char *t = realloc(text, nc);
-                    if (!t) break;
-                    text = t, cap = nc;
-                }
-                text[len++] = (char)c;
-            }
-            fclose(f);
-            gp_json_reader r;
-            gp_json_value *v = text ? gp_json_parse(text, len, &r) : NULL;
-            free(text);
-            if (v && v->kind == GP_JSON_OBJECT) {
-                gp_json_writer w = {.pretty = 2};
-                put_value(&w, NULL, v);
-                gp_json_value_free(v);
-                *wrote = true;
-                return gp_weights_write_json(&w, path);
-            }
-            gp_json_value_free(v);
-            GP_WARN("%s is not a JSON object; the export writes its own", from);
+        gp_hf_config g;
+        gp_status rs = gp_hf_json_read(from, &g); /* (the config reader's checks) */
+        if (rs == GP_OK && g.json) {
+            gp_json_writer w = {.pretty = 2};
+            put_value(&w, NULL, g.json, g.text);
+            gp_hf_config_free(&g);
+            *wrote = true;
+            return gp_weights_write_json(&w, path);
         }
+        if (rs != GP_OK) {
+            GP_WARN("%s; the export writes a generation_config.json of its own", gp_last_error());
+            gp_error_clear();
+        }
+        gp_hf_config_free(&g);
     }
     const gp_json_value *bos = src && src->json ? gp_json_get(src->json, "bos_token_id") : NULL;
     const gp_json_value *eos = src && src->json ? gp_json_get(src->json, "eos_token_id") : NULL;
@@ -946,8 +942,8 @@ static gp_status write_generation_config(const char *dir, const char *source,
     gp_json_writer w = {.pretty = 2};
     gp_json_open_object(&w, NULL);
     gp_json_put_bool(&w, "_from_model_config", true);
-    if (bos) put_value(&w, "bos_token_id", bos);
-    if (eos) put_value(&w, "eos_token_id", eos);
+    if (bos) put_value(&w, "bos_token_id", bos, src->text);
+    if (eos) put_value(&w, "eos_token_id", eos, src->text);
     gp_json_close(&w);
     *wrote = true;
     return gp_weights_write_json(&w, path);
@@ -1002,7 +998,9 @@ static void remove_staged(const char *dir)
  * not have (model.safetensors after a sharded export, shards and an index
  * after a one-file one, shards of another count) are removed.  A failure
  * or a kill while writing (the long part) leaves the earlier export as it
- * was, and its staged files are removed by the next export.
+ * was, and its staged files are removed by the next export.  (The renames
+ * take milliseconds; one that fails after the first leaves the shards
+ * renamed so far beside the earlier config.json, and says which.)
  */
 gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16, const char *source)
 {
@@ -1084,7 +1082,10 @@ gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16, const 
         snprintf(from, sizeof from, "%.1000s/" HF_STAGE "%.47s", dir, names[i].s);
         snprintf(to, sizeof to, "%.1000s/%.47s", dir, names[i].s);
         if (rename(from, to) != 0)
-            s = gp_error_set(GP_ERR_IO, "cannot rename %s to %s: %s", from, to, strerror(errno));
+            s = gp_error_set(GP_ERR_IO, "cannot rename %s to %s: %s%s", from, to,
+                             strerror(errno), i ? "; the files renamed before it are this "
+                                                  "export's, the rest the earlier one's: "
+                                                  "export again" : "");
     }
     if (s != GP_OK) {
         remove_staged(dir);
