@@ -94,6 +94,13 @@ typedef struct gp_run gp_run;
  * (value parsed as YAML).  Errors name file:line:column. */
 gp_status gp_run_load(const char *path, const char *const *overrides,
                       int n_overrides, gp_run **out);
+/* The same for a run that will go on from the snapshot `resume` (its
+ * path, or "latest": train.snapshot.dir's newest), by gp_run_restore or
+ * gp_train_options.resume: where model.init_from's folder is gone and
+ * model.llama leaves its sizes to that folder's config.json, the copy of
+ * the file the snapshot keeps stands for it.  resume NULL: gp_run_load. */
+gp_status gp_run_load_resume(const char *path, const char *const *overrides, int n_overrides,
+                             const char *resume, gp_run **out);
 /* The same from YAML text; `name` stands for the file name in messages. */
 gp_status gp_run_parse(const char *name, const char *yaml,
                        const char *const *overrides, int n_overrides,

@@ -43,7 +43,9 @@ by hand, no torch) and given to model.init_from:
     with the token ids.
 18. A run's snapshots resume (gpipe-train and gpipe-sample --resume) once
     its model.init_from folder is gone (gpipe-sample loaded the folder
-    before the snapshot replaced it).
+    before the snapshot replaced it), also where model.llama: {} took
+    every size from the folder's config.json: the snapshot keeps that
+    file, and an export made then keeps its keys.
 3. `--convert` of a Llama whose weights are 1.5 times the machine's memory
     is refused before it builds the model, as a run's start-up is.
 10. Environment variables are read as options are: GPIPE_HF_SHARD_BYTES=-5
@@ -355,6 +357,47 @@ def main():
         check(rc == 0 and rc2 == 0 and r.returncode == 0 and len(r.stdout.split()) == 5,
               "init_from's folder gone: --resume and gpipe-sample --resume go on: rc %s %s %s "
               "%r %r" % (rc, rc2, r.returncode, err2[-300:], r.stderr[-300:]))
+
+        # 18, sizes from the folder: llama: {} takes them from init_from's
+        # config.json, which the snapshots keep (the run built LlamaConfig's
+        # defaults, or stopped, once the folder was gone)
+        moved2 = os.path.join(d, "moved2")
+        shutil.copytree(src2, moved2)
+        ey = os.path.join(d, "e.yaml")
+        esnaps = os.path.join(d, "esnaps")
+        with open(ey, "w") as f:
+            f.write("model:\n  input: [16]\n  llama: {}\n  init_from: %s\n"
+                    "  loss: cross_entropy\ndata: {dataset: synthetic}\n"
+                    "train: {steps: 2, batch_size: 4, snapshot: {every_steps: 2, dir: %s}}\n"
+                    % (moved2, esnaps))
+        rc, err = gpipe([ey, "-q"])
+        shutil.rmtree(moved2)
+        rc0, err0 = gpipe([ey, "--set", "train.steps=4", "-q"])
+        check(rc == 0 and rc0 > 0 and "moved2' cannot be read" in err0 and "--resume" in err0,
+              "folder gone, no snapshot given: refused, saying a snapshot keeps its "
+              "config.json: rc %s %s %r" % (rc, rc0, err0[-400:]))
+        rc2, err2 = gpipe([ey, "--resume", "latest", "--set", "train.steps=4"])
+        check(rc2 == 0 and "is gone" in err2 and "snapshot-000000002" in err2,
+              "llama: {}, folder gone: --resume latest takes the sizes the snapshot keeps, "
+              "saying so: rc %s %r" % (rc2, err2[-400:]))
+        snap4 = os.path.join(esnaps, "snapshot-000000004.safetensors")
+        rc3, err3 = gpipe(["--resume", snap4, "--set", "train.steps=6", "-q"])
+        check(rc3 == 0, "--resume SNAPSHOT alone (no config), folder gone: rc %s %r"
+              % (rc3, err3[-300:]))
+        r = subprocess.run([os.path.join(BIN, "gpipe-sample"), ey, "--resume", snap4,
+                            "--prompt-ids", "1,2", "--tokens", "2", "--ids"],
+                           capture_output=True, text=True, errors="replace", timeout=120)
+        check(r.returncode == 0 and len(r.stdout.split()) == 5,
+              "gpipe-sample --resume, folder gone, sizes from the snapshot: rc %s %r %r"
+              % (r.returncode, r.stdout, r.stderr[-300:]))
+        out3 = os.path.join(d, "out3")
+        rc4, err4 = gpipe([ey, "--resume", snap4, "--convert", "--export-weights", out3,
+                           "--export-format", "hf", "-q"])
+        got = json.load(open(os.path.join(out3, "config.json"))) if rc4 == 0 else {}
+        check(rc4 == 0 and got.get("custom_field") == {"a": [1, 2.5, None]} and
+              got.get("bos_token_id") == 254,
+              "an export after the folder is gone keeps its config.json's keys (the copy the "
+              "run kept): rc %s %r %r" % (rc4, got, err4[-300:]))
 
         # 3: --convert checks the memory before it builds the model: a Llama
         # whose weights are 1.5 times this machine's memory (no ulimit -v: the

@@ -414,7 +414,7 @@ static int run_sampler(const sample_opts *o)
     }
     if (o->quiet) gp_set_log_level("warn");
     sampler s = {0};
-    gp_status st = gp_run_load(o->config, sets, n, &s.run);
+    gp_status st = gp_run_load_resume(o->config, sets, n, o->resume, &s.run);
     /* sampling holds the weights alone: no gradients, no optimizer state,
      * and the memory check asks for that (issue 77) */
     if (st == GP_OK) st = gp_run_inference_only(s.run);

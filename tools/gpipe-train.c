@@ -502,7 +502,8 @@ int main(int argc, char **argv)
         return gp_status_exit_code(s);
     }
     gp_config cfg;
-    s = config ? gp_config_load(config, sets, n_sets, &cfg)
+    gp_config_sources src = {.hf_config = gp_snapshot_hf_config, .ctx = (void *)resume};
+    s = config ? gp_config_load_with(config, sets, n_sets, &src, &cfg)
                 : gp_snapshot_resume_check(resume, "");
     if (!config && s == GP_OK) s = gp_snapshot_read_config(resume, sets, n_sets, &cfg);
     free(sets);

@@ -139,6 +139,13 @@ static void warn_shadowed(gp_cfg_walk *w, const char *const *ov, int n)
 gp_status gp_config_parse(const char *name, const char *text, size_t len,
                           const char *const *overrides, int n_overrides, gp_config *out)
 {
+    return gp_config_parse_with(name, text, len, overrides, n_overrides, NULL, out);
+}
+
+gp_status gp_config_parse_with(const char *name, const char *text, size_t len,
+                               const char *const *overrides, int n_overrides,
+                               const gp_config_sources *src, gp_config *out)
+{
     memset(out, 0, sizeof *out);
     if (!name) name = "<config>";
     if (!text && len) return gp_error_set(GP_ERR_INVALID, "%s: no config text given", name);
@@ -167,7 +174,7 @@ gp_status gp_config_parse(const char *name, const char *text, size_t len,
                             "model.input and model.layers (no %s gives a model)",
                             name, gp_opt_name(GP_OPT_SET));
     }
-    gp_cfg_walk w = {.file = name, .record = true};
+    gp_cfg_walk w = {.file = name, .record = true, .root = root, .src = src};
     warn_shadowed(&w, overrides, n_overrides);
     gp_status s = walk_root(&w, root, out);
     gp_ynode_free(root);
@@ -226,6 +233,12 @@ gp_status gp_config_parse(const char *name, const char *text, size_t len,
 gp_status gp_config_load(const char *path, const char *const *overrides, int n_overrides,
                          gp_config *out)
 {
+    return gp_config_load_with(path, overrides, n_overrides, NULL, out);
+}
+
+gp_status gp_config_load_with(const char *path, const char *const *overrides,
+                              int n_overrides, const gp_config_sources *src, gp_config *out)
+{
     memset(out, 0, sizeof *out);
     if (!path) return gp_error_set(GP_ERR_INVALID, "no config path given");
     FILE *f = gp_fopen_regular(path);
@@ -262,7 +275,7 @@ gp_status gp_config_load(const char *path, const char *const *overrides, int n_o
     }
     fclose(f);
     if (!buf) return gp_error_set(GP_ERR_IO, "%s: out of memory reading the config", path);
-    if (s == GP_OK) s = gp_config_parse(path, buf, len, overrides, n_overrides, out);
+    if (s == GP_OK) s = gp_config_parse_with(path, buf, len, overrides, n_overrides, src, out);
     free(buf);
     return s;
 }
@@ -271,6 +284,7 @@ void gp_config_free(gp_config *c)
 {
     if (!c) return;
     free(c->model.layers);
+    free(c->model.hf_config);
     free(c->defaults_applied);
     free(c->warnings);
     free(c->text);

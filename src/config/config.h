@@ -56,6 +56,11 @@ typedef struct gp_model_config {
     char family[16];      /* the built-in model the layers came from
                              ("resnet", "amoebanet", "unet"); "" for a list */
     char family_at[600];  /* where it was given */
+    /* The text of model.init_from's config.json where model.llama's sizes
+     * came from it (owned; NULL otherwise): snapshots keep it, so that a
+     * run resumes, samples and exports after that folder is gone (issue 77
+     * item 18). */
+    char *hf_config;
 } gp_model_config;
 
 /* pipeline.copy_precision: the tensors copied between stages in FP32 or
@@ -261,6 +266,26 @@ gp_status gp_config_parse(const char *name, const char *text, size_t len,
                           const char *const *overrides, int n_overrides,
                           gp_config *out);
 void gp_config_free(gp_config *c);
+
+/* Where a config's inputs may be found besides the files it names.  Issue
+ * 77 item 18: a run whose model.llama sizes came from model.init_from's
+ * config.json resumes from its snapshot, and samples from it, after that
+ * folder is gone, since the snapshot keeps the file's text. */
+typedef struct gp_config_sources {
+    /* init_from's config.json as the run was made with it, where the
+     * folder cannot be read now: *text malloc'd, or NULL where none is
+     * known, and `from` naming where it was kept.  snapshot_dir: the
+     * YAML's train.snapshot.dir ("snapshots" where it gives none). */
+    gp_status (*hf_config)(void *ctx, const char *init_from, const char *snapshot_dir,
+                           char **text, char *from, size_t from_len);
+    void *ctx;
+} gp_config_sources;
+
+gp_status gp_config_load_with(const char *path, const char *const *overrides,
+                              int n_overrides, const gp_config_sources *src, gp_config *out);
+gp_status gp_config_parse_with(const char *name, const char *text, size_t len,
+                               const char *const *overrides, int n_overrides,
+                               const gp_config_sources *src, gp_config *out);
 /* c's YAML (c->text) with its overrides (c->overrides) written in, which
  * loads without overrides to the config c is: the top-level sections no
  * override touches as the file has them (comments kept), the touched ones

@@ -707,28 +707,50 @@ static gp_status llama_src_open(gp_cfg_walk *w, const gp_ynode *m, const gp_ynod
     /* a path that is not there: the loader reports it, unless the sizes were
      * to come from it (issue 77: LlamaConfig's defaults, Llama 2 7B, were
      * built instead, and a snapshot of the run did not fit them) */
+    const char *left_out = NULL; /* a size the YAML leaves to config.json */
+    for (int i = 0; i < GP_COUNT(sizes) && !left_out; i++)
+        if (gp_cfg_absent(gp_ymap_get(g, sizes[i]))) left_out = sizes[i];
     if (stat(in->text, &st) != 0) {
-        for (int i = 0; i < GP_COUNT(sizes); i++)
-            if (gp_cfg_absent(gp_ymap_get(g, sizes[i])))
-                return gp_cfg_bad(w, in, "model.init_from '%s' cannot be read (%s), and "
-                                  "model.llama leaves %s out, which its config.json would give: "
-                                  "restore the folder, or give model.llama's sizes in the YAML "
-                                  "(the run's snapshots hold its weights: --resume and "
-                                  "gpipe-sample --resume work with the sizes given)", in->text,
-                                  strerror(errno), sizes[i]);
-        return GP_OK;
+        int e = errno;
+        if (!left_out) return GP_OK;
+        /* resumed: the snapshot keeps the config.json the run was made with */
+        char *kept = NULL, from[1200] = "";
+        if (w->src && w->src->hf_config) {
+            const gp_ynode *dn = gp_ymap_get(gp_ymap_get(gp_ymap_get(w->root, "train"),
+                                                         "snapshot"), "dir");
+            const char *dir = dn && dn->kind == GP_YNODE_SCALAR && dn->text ? dn->text
+                                                                            : "snapshots";
+            if (w->src->hf_config(w->src->ctx, in->text, dir, &kept, from, sizeof from) != GP_OK)
+                return gp_cfg_bad(w, in, "model.init_from '%s' cannot be read (%s), and the "
+                                  "snapshot that would stand for its config.json cannot either: "
+                                  "%s", in->text, strerror(e), gp_last_error());
+        }
+        if (!kept)
+            return gp_cfg_bad(w, in, "model.init_from '%s' cannot be read (%s), and "
+                              "model.llama leaves %s out, which its config.json would give: "
+                              "restore the folder, give model.llama's sizes in the YAML, or "
+                              "resume from a snapshot of the run (--resume; gpipe-sample "
+                              "--resume), which keeps that config.json", in->text, strerror(e),
+                              left_out);
+        char name[1400];
+        snprintf(name, sizeof name, "%s/config.json (as %s keeps it)", in->text, from);
+        gp_status ps = gp_hf_config_parse(name, kept, strlen(kept), &s->cfg);
+        free(kept);
+        if (ps != GP_OK) return llama_src_bad(w, s, NULL);
+        GP_INFO("model.init_from '%s' is gone (%s): model.llama's sizes are its config.json's "
+               "as %s keeps it", in->text, strerror(e), from);
+    } else if (!S_ISDIR(st.st_mode)) {
+        return GP_OK; /* a file (safetensors, llm.c's) has no config.json */
+    } else if (gp_hf_config_read(in->text, &s->cfg) != GP_OK) {
+        return llama_src_bad(w, s, NULL);
     }
-    /* a file (safetensors, llm.c's) has no config.json */
-    if (!S_ISDIR(st.st_mode)) return GP_OK;
-    if (gp_hf_config_read(in->text, &s->cfg) != GP_OK) return llama_src_bad(w, s, NULL);
     if (!s->cfg.json) {
-        for (int i = 0; i < GP_COUNT(sizes); i++)
-            if (gp_cfg_absent(gp_ymap_get(g, sizes[i])))
-                return gp_cfg_bad(w, in, "model.init_from '%s' has no config.json, and "
-                                  "model.llama leaves %s out: give model.llama's sizes (layers, "
-                                  "heads, kv_heads, width, intermediate, vocab) in the YAML, or "
-                                  "use a folder with its config.json (save_pretrained writes "
-                                  "one)", in->text, sizes[i]);
+        if (left_out)
+            return gp_cfg_bad(w, in, "model.init_from '%s' has no config.json, and "
+                              "model.llama leaves %s out: give model.llama's sizes (layers, "
+                              "heads, kv_heads, width, intermediate, vocab) in the YAML, or "
+                              "use a folder with its config.json (save_pretrained writes "
+                              "one)", in->text, left_out);
         return GP_OK;
     }
     gp_cfg_note(w, "model.llama: what the YAML leaves out is %s's", s->cfg.path);
@@ -926,6 +948,11 @@ static gp_status parse_llama(gp_cfg_walk *w, const gp_ynode *m, gp_model_config 
     llama_src src;
     gp_status st = llama_src_open(w, m, g, &src);
     if (st == GP_OK) st = llama_sizes(w, g, &src, &o);
+    if (st == GP_OK && src.cfg.json) { /* for snapshots (gp_model_config.hf_config) */
+        free(mc->hf_config);
+        mc->hf_config = src.cfg.text;
+        src.cfg.text = NULL;
+    }
     gp_hf_config_free(&src.cfg);
     GP_TRY(st);
     const gp_ynode *hn = gp_ymap_get(g, "heads"), *wn = gp_ymap_get(g, "width");

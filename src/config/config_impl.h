@@ -102,6 +102,8 @@ typedef struct gp_cfg_walk {
     char *warnings;     /* "file:line:column: ...\n" lines (owned until handed
                            out); recorded whatever `record` says */
     size_t wlen, wcap;
+    const gp_ynode *root;          /* the whole tree (overrides applied) */
+    const gp_config_sources *src;  /* NULL: none beyond the files named */
 } gp_cfg_walk;
 
 #define GP_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))

@@ -33,6 +33,8 @@ static const char *encoding_hint(const unsigned char *t, size_t n)
     return "";
 }
 
+static gp_status parse_text(gp_hf_config *c);
+
 gp_status gp_hf_config_read(const char *dir, gp_hf_config *c)
 {
     char path[sizeof c->path];
@@ -81,6 +83,28 @@ gp_status gp_hf_json_read(const char *path, gp_hf_config *c)
     close(fd);
     c->text[n] = '\0';
     c->len = n;
+    return parse_text(c);
+}
+
+gp_status gp_hf_config_parse(const char *name, const char *text, size_t len, gp_hf_config *c)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->path, sizeof c->path, "%s", name);
+    if (len > GP_HF_CONFIG_MAX)
+        return gp_error_set(GP_ERR_DATA, "%s is %zu bytes, more than any Hugging Face "
+                            "config.json", c->path, len);
+    c->text = malloc(len + 1);
+    if (!c->text) return gp_error_set(GP_ERR_OOM, "out of host memory reading %s", c->path);
+    memcpy(c->text, text, len);
+    c->text[len] = '\0';
+    c->len = len;
+    return parse_text(c);
+}
+
+/* c->text as one JSON object. */
+static gp_status parse_text(gp_hf_config *c)
+{
+    size_t n = c->len;
     gp_json_reader r;
     c->json = gp_json_parse(c->text, n, &r);
     if (!c->json) {

@@ -41,6 +41,9 @@ gp_status gp_hf_config_read(const char *dir, gp_hf_config *c);
 /* The same for any JSON object file of such a folder (path itself:
  * generation_config.json). */
 gp_status gp_hf_json_read(const char *path, gp_hf_config *c);
+/* The same for a config.json's text kept elsewhere (a snapshot keeps the
+ * one its run was made from); name stands for the file in messages. */
+gp_status gp_hf_config_parse(const char *name, const char *text, size_t len, gp_hf_config *c);
 void gp_hf_config_free(gp_hf_config *c);
 
 /* obj's (c->json where NULL) member `key` as an integer in [lo, hi]; def

@@ -153,13 +153,20 @@ static gp_status check_overrides(const char *const *overrides, int n)
 gp_status gp_run_load(const char *path, const char *const *overrides, int n_overrides,
                       gp_run **out)
 {
+    return gp_run_load_resume(path, overrides, n_overrides, NULL, out);
+}
+
+gp_status gp_run_load_resume(const char *path, const char *const *overrides, int n_overrides,
+                             const char *resume, gp_run **out)
+{
     if (!out) return gp_error_set(GP_ERR_INVALID, "gp_run_load: out is NULL");
     *out = NULL;
     if (path && !path[0]) /* (as an empty output path is: not a file that is missing) */
         return gp_error_set(GP_ERR_INVALID, "gp_run_load: the path is empty; give a config file");
     GP_TRY(check_overrides(overrides, n_overrides));
     gp_config cfg;
-    GP_TRY(gp_config_load(path, overrides, n_overrides, &cfg));
+    gp_config_sources src = {.hf_config = gp_snapshot_hf_config, .ctx = (void *)resume};
+    GP_TRY(gp_config_load_with(path, overrides, n_overrides, &src, &cfg));
     return run_new(&cfg, out);
 }
 

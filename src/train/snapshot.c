@@ -291,6 +291,12 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
         GP_TRY(gp_st_writer_meta(w, "gpipe.config", cfg->text ? cfg->text : ""));
         GP_TRY(gp_st_writer_meta(w, "gpipe.overrides", cfg->overrides ? cfg->overrides : ""));
         if (pos->metrics) GP_TRY(gp_st_writer_meta(w, "gpipe.metrics_record", pos->metrics));
+        /* model.init_from's config.json, where the sizes came from it: the
+         * run resumes without that folder (gp_snapshot_hf_config) */
+        if (cfg->model.hf_config) {
+            GP_TRY(gp_st_writer_meta(w, "gpipe.hf_config", cfg->model.hf_config));
+            GP_TRY(gp_st_writer_meta(w, "gpipe.hf_config_of", cfg->model.init_from));
+        }
     }
     return GP_OK;
 }
@@ -1619,6 +1625,34 @@ gp_status gp_snapshot_save_async(gp_model *m, const gp_config *cfg, const gp_sna
     return GP_OK;
 }
 
+gp_status gp_snapshot_hf_config(void *resume, const char *init_from, const char *dir,
+                                char **text, char *from, size_t from_len)
+{
+    *text = NULL;
+    const char *r = resume;
+    if (!r || !*r) return GP_OK;
+    char path[4200];
+    if (!strcmp(r, "latest")) {
+        if (gp_snapshot_latest(dir, path, sizeof path) != GP_OK) { /* none: nothing kept */
+            gp_error_clear();
+            return GP_OK;
+        }
+    } else {
+        snprintf(path, sizeof path, "%s", r);
+    }
+    gp_st_file f; /* the header: the resume reads and verifies the whole */
+    GP_TRY(gp_st_read_header(path, &f));
+    const char *t = gp_st_meta(&f, "gpipe.hf_config"), *of = gp_st_meta(&f, "gpipe.hf_config_of");
+    gp_status s = GP_OK;
+    if (t && *t && of && !strcmp(of, init_from)) {
+        *text = strdup(t);
+        if (!*text) s = gp_error_set(GP_ERR_OOM, "out of host memory");
+        snprintf(from, from_len, "%s", path);
+    }
+    gp_st_free(&f);
+    return s;
+}
+
 gp_status gp_snapshot_read_config(const char *path, const char *const *overrides, int n_overrides,
                              gp_config *out)
 {
@@ -1656,7 +1690,8 @@ gp_status gp_snapshot_read_config(const char *path, const char *const *overrides
     for (int i = 0; i < n_overrides; i++) all[k++] = overrides[i];
     char name[600];
     snprintf(name, sizeof name, "%s", cpath && *cpath ? cpath : path);
-    gp_status s = gp_config_parse(name, text, strlen(text), all, k, out);
+    gp_config_sources src = {.hf_config = gp_snapshot_hf_config, .ctx = (void *)path};
+    gp_status s = gp_config_parse_with(name, text, strlen(text), all, k, &src, out);
     free(all);
     free(ovcopy);
     gp_st_free(&f);
@@ -1683,7 +1718,8 @@ gp_status gp_gpt_export(gp_model *m, const gp_config *cfg, const char *path,
     if (fmt == GP_WEIGHTS_GPIPE) return gp_snapshot_export(m, cfg, path);
     gp_wmodel v = gp_model_weights(m);
     if ((fmt == GP_WEIGHTS_HF || fmt == GP_WEIGHTS_HF_BF16) && gp_llama_is_model(&v)) {
-        gp_status ls = gp_llama_export(&v, path, fmt == GP_WEIGHTS_HF_BF16, cfg->model.init_from);
+        gp_status ls = gp_llama_export(&v, path, fmt == GP_WEIGHTS_HF_BF16, cfg->model.init_from,
+                                       cfg->model.hf_config);
         if (ls != GP_OK) gp_error_wrap(ls, "exporting weights to %s", path);
         return ls;
     }

@@ -69,8 +69,15 @@ gp_status gp_snapshot_resume_check(const char *resume, const char *dir);
 /* The newest snapshot in dir that verifies ("snapshot-<step>.safetensors");
  * broken ones are skipped with a warning.  GP_ERR_IO if there is none. */
 gp_status gp_snapshot_latest(const char *dir, char *path, size_t len);
+/* gp_config_sources.hf_config for a run resumed from `resume` (a
+ * snapshot's path, or "latest" for dir's newest): the config.json of
+ * model.init_from that the snapshot keeps (gpipe.hf_config, written where
+ * the run's model.llama sizes came from it), where it keeps one of that
+ * init_from. */
+gp_status gp_snapshot_hf_config(void *resume, const char *init_from, const char *dir,
+                                char **text, char *from, size_t from_len);
 /* The config a snapshot was made with, with `overrides` applied after its
- * own. */
+ * own (and gp_snapshot_hf_config for model.init_from's config.json). */
 gp_status gp_snapshot_read_config(const char *path, const char *const *overrides, int n_overrides,
                              gp_config *out);
 

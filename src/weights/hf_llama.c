@@ -1002,7 +1002,8 @@ static void remove_staged(const char *dir)
  * take milliseconds; one that fails after the first leaves the shards
  * renamed so far beside the earlier config.json, and says which.)
  */
-gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16, const char *source)
+gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16, const char *source,
+                          const char *source_config)
 {
     GP_TRY(gp_llama_export_check(m));
     GP_TRY(gp_make_dirs(dir, "--export-weights (a Hugging Face folder)"));
@@ -1037,7 +1038,15 @@ gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16, const 
     gp_hf_config src = {0};
     struct stat st;
     bool from_dir = source && source[0] && stat(source, &st) == 0 && S_ISDIR(st.st_mode);
-    if (from_dir && gp_hf_config_read(source, &src) != GP_OK) {
+    gp_status rs = GP_OK;
+    if (from_dir) {
+        rs = gp_hf_config_read(source, &src);
+    } else if (source_config) { /* the folder is gone: the copy its run kept */
+        char name[1100];
+        snprintf(name, sizeof name, "%s/config.json (as the run keeps it)", source);
+        rs = gp_hf_config_parse(name, source_config, strlen(source_config), &src);
+    }
+    if (rs != GP_OK) {
         GP_WARN("the export's config.json takes nothing from %s: %s", source, gp_last_error());
         gp_error_clear();
         gp_hf_config_free(&src);

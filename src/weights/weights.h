@@ -236,9 +236,13 @@ gp_status gp_llama_read(const gp_wmodel *m, const char *path, gp_st_file *out);
  * names (qkv_proj and gate_up_proj split), each parameter downloaded and
  * written in turn (the model plus one tensor held).  The check: an error
  * where the folder could not hold m.  gp_llama_is_model: whether m is a
- * model.llama (its model.embed_tokens.wte.weight). */
+ * model.llama (its model.embed_tokens.wte.weight).  The keys of source's
+ * config.json that gpipe does not decide are carried over (source: the
+ * run's model.init_from; where that folder is gone, source_config, the
+ * file's text as the run kept it). */
 bool gp_llama_is_model(const gp_wmodel *m);
 gp_status gp_llama_export_check(const gp_wmodel *m);
-gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16, const char *source);
+gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16, const char *source,
+                          const char *source_config);
 
 #endif /* GP_WEIGHTS_H */
