@@ -25,6 +25,7 @@ def check(cond, what):
     else:
         failed += 1
         print("FAIL: %s" % what, flush=True)
+    return cond
 
 
 def finish(name):

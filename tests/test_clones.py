@@ -23,6 +23,8 @@ import re
 import subprocess
 import sys
 
+from gpt_util import check, finish
+
 # Outlined regions that run no arithmetic of their own, each with where
 # their arithmetic is (a GP_CPU_LOOPS function they call per unit).
 UNCLONED_OK = {
@@ -52,16 +54,7 @@ UNCLONED_OK = {
     "gp_rng_normal_fill": "the counter-based generator (src/core)",
 }
 
-passed = failed = 0
 
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL: " + what)
 
 
 def main():
@@ -95,8 +88,7 @@ def main():
         check(not any(r.startswith(name + "._omp_fn.") and r + ".default" in syms
                       for r in regions), "%s is cloned now: take it off UNCLONED_OK" % name)
     print("test_clones: %d regions, %d cloned" % (len(regions), cloned))
-    print("test_clones: %d passed, %d failed" % (passed, failed))
-    sys.exit(1 if failed else 0)
+    sys.exit(finish("test_clones"))
 
 
 if __name__ == "__main__":

@@ -27,8 +27,9 @@ import subprocess
 import sys
 import tempfile
 
+from gpt_util import check, finish
+
 BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(os.path.dirname(__file__), "..", "build"))
-passed = failed = 0
 
 GOOD = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
         "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 3,
@@ -39,14 +40,6 @@ GOOD = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_
 # 2 x (64 x 128), down 128 x 64; the final norm 64.
 GOOD_PARAMS = 256 * 64 + 3 * (2 * 64 + 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128) + 64
 
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL: " + what)
 
 
 def run(tool, args, timeout=20):
@@ -202,8 +195,7 @@ def main():
               "the YAML's heads replace the file's bad one: rc %s %r" % (rc, err[-300:]))
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    print("test_hf_config: %d passed, %d failed" % (passed, failed))
-    sys.exit(1 if failed else 0)
+    sys.exit(finish("test_hf_config"))
 
 
 if __name__ == "__main__":

@@ -67,18 +67,11 @@ import subprocess
 import sys
 import tempfile
 
+from gpt_util import check, finish
+
 BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(os.path.dirname(__file__), "..", "build"))
-passed = failed = 0
 SIZES = "layers: 2, heads: 4, kv_heads: 2, width: 32, intermediate: 64, vocab: 256, positions: 16"
 
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL: " + what)
 
 
 def yaml(d, name, tie, init=None):
@@ -455,8 +448,7 @@ def main():
               "GPIPE_TEST_FAIL_STEP=1x refused: rc %s %r" % (rc, err[-300:]))
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    print("test_hf_folder: %d passed, %d failed" % (passed, failed))
-    sys.exit(1 if failed else 0)
+    sys.exit(finish("test_hf_folder"))
 
 
 if __name__ == "__main__":

@@ -34,23 +34,15 @@ import shlex
 import subprocess
 import sys
 
+from gpt_util import check, finish
+
 SRC = os.environ.get("GPIPE_SOURCE_DIR",
                      os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.join(os.environ.get("GPIPE_BINARY_DIR", os.path.join(SRC, "build")),
                    "gpipe-train")
 WRAP = shlex.split(os.environ.get("GPIPE_TEST_WRAP", ""))
 
-passed = failed = 0
 
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", what)
-    return ok
 
 
 def run(args, env_extra=None, wrap=()):
@@ -149,8 +141,7 @@ def main():
                            native)
     if WRAP:
         print("test_plans: %d plans made" % plans)
-        print("test_plans: %d passed, %d failed" % (passed, failed))
-        return 1 if failed else 0
+        return finish("test_plans")
     # (c) GPU devices that this machine does not have
     for rel in ("configs/gpt2.yaml", "configs/tiny-gpt.yaml", "configs/default.yaml",
                 "configs/llama-tiny.yaml"):
@@ -180,8 +171,7 @@ def main():
           and "(GPIPE_CPU_ISA caps it)" not in out,
           "GPIPE_CPU_ISA=avx3: exit %d:\n%s" % (rc, out[-1500:]))
     print("test_plans: %d plans made" % plans)
-    print("test_plans: %d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return finish("test_plans")
 
 
 if __name__ == "__main__":

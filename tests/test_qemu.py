@@ -38,6 +38,8 @@ import subprocess
 import sys
 import tempfile
 
+from gpt_util import check, finish
+
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the emulated processor: the cap that gives the same instruction sets
 # natively, and what gpipe must say it computes in
@@ -54,17 +56,7 @@ TRAIN_CPUS = ("Nehalem",)  # (c)
 # (no clones there), so CI's ASan stage checks those already.
 TESTS = {"Haswell-noTSX": ("test_attention",), "Nehalem": ("test_layers",)}
 
-passed = failed = 0
 
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", what, flush=True)
-    return ok
 
 
 def quiet(out):
@@ -170,8 +162,7 @@ def main():
                   "bf16 under %s: exit %d:\n%s" % (cpu, rc, out[-2000:]))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print("test_qemu: %d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return finish("test_qemu")
 
 
 if __name__ == "__main__":
