@@ -215,6 +215,11 @@ bool gp_same_file(const char *a, const char *b);
  * D/model.safetensors` with `--weights D` replaced the input, as whole
  * paths were compared. */
 bool gp_path_overlaps(const char *out, const char *in);
+/* Whether the last part of `path` is a file a Hugging Face export writes
+ * (config.json, generation_config.json, model.safetensors, its index or a
+ * model-NNNNN-of-NNNNN.safetensors shard): what an export replaces or
+ * removes in its folder, and nothing else. */
+bool gp_hf_export_name(const char *path);
 
 /* ------------------------------------------------------------------------ */
 /* counter-based RNG: Philox4x32-10                                          */

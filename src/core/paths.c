@@ -409,7 +409,7 @@ static bool linked_member(const char *f, const char *dir)
  * index, model.safetensors or a model-NNNNN-of-NNNNN shard.  Other files
  * in an output folder (snapshots beside a TensorBoard log, say) are never
  * touched. */
-static bool export_member(const char *path)
+bool gp_hf_export_name(const char *path)
 {
     const char *slash = strrchr(path, '/'), *b = slash ? slash + 1 : path;
     int x, y;
@@ -427,7 +427,7 @@ bool gp_path_overlaps(const char *out, const char *in)
     if (is_dir_path(in) &&
         ((folder_member(out) && gp_path_in_dir(out, in)) || linked_member(out, in)))
         return true;
-    if (is_dir_path(out) && export_member(in) && gp_path_in_dir(in, out)) return true;
+    if (is_dir_path(out) && gp_hf_export_name(in) && gp_path_in_dir(in, out)) return true;
     return false;
 }
 

@@ -87,54 +87,6 @@ static bool exists(const char *path)
     return stat(path, &st) == 0;
 }
 
-/* The whole of a small text file (config.json, the index), NUL-ended. */
-static gp_status read_text(const char *path, char **text, size_t *len)
-{
-    FILE *f = gp_fopen_regular(path);
-    if (!f)
-        return gp_error_set(GP_ERR_IO, "cannot open '%s': %s", path,
-                            gp_open_strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *b = malloc(cap);
-    while (b) {
-        size_t got = fread(b + n, 1, cap - n - 1, f);
-        n += got;
-        if (n + 1 < cap) break;
-        char *nb = realloc(b, cap * 2);
-        if (!nb) free(b);
-        b = nb;
-        cap *= 2;
-    }
-    bool err = ferror(f);
-    fclose(f);
-    if (!b) return gp_error_set(GP_ERR_OOM, "out of host memory reading '%s'", path);
-    if (err) {
-        free(b);
-        return gp_error_set(GP_ERR_IO, "cannot read '%s'", path);
-    }
-    b[n] = '\0';
-    *text = b;
-    *len = n;
-    return GP_OK;
-}
-
-static gp_status parse_json(const char *path, gp_json_value **v)
-{
-    char *text = NULL;
-    size_t len = 0;
-    GP_TRY(read_text(path, &text, &len));
-    gp_json_reader r;
-    *v = gp_json_parse(text, len, &r);
-    gp_status s = GP_OK;
-    if (!*v) {
-        int line = 0, col = 0;
-        gp_json_where(&r, r.err_at, &line, &col);
-        s = gp_error_set(GP_ERR_DATA, "%s:%d:%d: %s", path, line, col, r.err);
-    }
-    free(text);
-    return s;
-}
-
 /* ---- the shards ------------------------------------------------------------ */
 
 static gp_status add_shard(hf_ctx *c, const char *path)
@@ -177,9 +129,15 @@ static gp_status open_shards(hf_ctx *c, const char *path)
                                 "(save_pretrained's) has one of them", path);
         return add_shard(c, p);
     }
-    gp_json_value *idx;
-    GP_TRY(parse_json(p, &idx));
-    const gp_json_value *wm = gp_json_get(idx, "weight_map");
+    gp_hf_config idx; /* (config.json's reader and its checks) */
+    gp_status rs = gp_hf_json_read(p, &idx);
+    if (rs == GP_OK && !idx.json) /* (gone since exists()) */
+        rs = gp_error_set(GP_ERR_IO, "cannot open '%s': %s", p, strerror(ENOENT));
+    if (rs != GP_OK) {
+        gp_hf_config_free(&idx);
+        return rs;
+    }
+    const gp_json_value *wm = gp_json_get(idx.json, "weight_map");
     gp_status s = GP_OK;
     if (!wm || wm->kind != GP_JSON_OBJECT)
         s = gp_error_set(GP_ERR_DATA, "%s: no \"weight_map\" object; write the index again with "
@@ -195,7 +153,7 @@ static gp_status open_shards(hf_ctx *c, const char *path)
         snprintf(sp, sizeof sp, "%s/%s", path, f->str);
         s = add_shard(c, sp);
     }
-    gp_json_value_free(idx);
+    gp_hf_config_free(&idx);
     return s;
 }
 
@@ -962,18 +920,6 @@ gp_status gp_llama_export_check(const gp_wmodel *m)
     return GP_OK; /* (q, k and v biases: a Qwen2ForCausalLM folder, write_config) */
 }
 
-/* Whether `name` is a file an export of this kind writes: config.json,
- * generation_config.json, the index, model.safetensors or a shard. */
-static bool export_file(const char *name)
-{
-    int a, b;
-    char tail[32];
-    return !strcmp(name, "config.json") || !strcmp(name, "generation_config.json") ||
-           !strcmp(name, "model.safetensors") || !strcmp(name, "model.safetensors.index.json") ||
-           (sscanf(name, "model-%5d-of-%5d%31s", &a, &b, tail) == 3 &&
-            !strcmp(tail, ".safetensors"));
-}
-
 /* The staged files of dir (HF_STAGE*) removed: this export's after a
  * failure, or a killed one's. */
 static void remove_staged(const char *dir)
@@ -1106,7 +1052,7 @@ gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16, const 
     DIR *d = opendir(dir);
     struct dirent *e;
     while (d && (e = readdir(d)) != NULL) {
-        if (!export_file(e->d_name)) continue;
+        if (!gp_hf_export_name(e->d_name)) continue;
         bool ours = false;
         for (int i = 0; i < k && !ours; i++) ours = !strcmp(e->d_name, names[i].s);
         if (ours) continue;
