@@ -6,6 +6,11 @@
  *     with and without memory capacities; greedy filling and an equal-count
  *     spread are measurably worse on some of them; infeasible problems fail
  *     with messages naming the layer and the overflow;
+ *   - V partitioner (zb-v: device d holds stages d and 2n-1-d): the optimum
+ *     (largest, then second-largest device time) equals brute force over
+ *     every composition into 2n stages, exactly, on about 3200 random
+ *     problems (n 1..4, stage-dependent and non-monotone costs, per-device
+ *     capacities, infeasible ones), plus cases by hand and its errors;
  *   - profiler: a layer with twice the FLOPs takes roughly twice the time
  *     (wide bounds), and its bytes equal what the allocator holds for the
  *     same layer built by the trainer; JSON save/load round trip;
@@ -275,6 +280,243 @@ static void test_partition_tiebreak_and_errors(void)
     double c3[4] = {1, 1, 1, 1}, m3[4] = {50, 50, 50, 50}, cap3[2] = {60, 0};
     CHECK_OK(gp_partition_minmax_mem(c3, m3, cap3, 4, 2, bal));
     CHECK(bal[0] == 1 && bal[1] == 3);
+}
+
+/* ---- V placement -------------------------------------------------------------- */
+
+/* A cost model for gp_partition_solve_v: stage j = [first, first + count)
+ * costs scale[j] * (sum of c) + off[j] + edge[first + count - 1] (a term of
+ * the stage's last layer, like a boundary copy: the cost is not monotone in
+ * the stage's length when edge varies); its bytes are the sum of mem. */
+typedef struct {
+    int L, n;                  /* layers, devices */
+    double c[48], edge[48], mem[48];
+    double scale[16], off[16]; /* [2n] */
+    double cap[8];             /* [n], per device; 0 = unlimited */
+    bool with_mem;
+    int calls;                 /* cost calls, to check they stay O(n L^2) */
+} vprob;
+
+static double v_cost(void *arg, int j, int first, int count)
+{
+    vprob *p = arg;
+    p->calls++;
+    GP_ASSERT(j >= 0 && j < 2 * p->n && first >= j && count >= 1);
+    GP_ASSERT(first + count <= p->L - (2 * p->n - 1 - j)); /* room for the rest */
+    return p->scale[j] * stage_sum(p->c, first, count) + p->off[j] +
+           p->edge[first + count - 1];
+}
+
+static double v_mem(void *arg, int j, int first, int count)
+{
+    const vprob *p = arg;
+    return stage_sum(p->mem, first, count);
+}
+
+static gp_partition_problem v_problem(vprob *p)
+{
+    return (gp_partition_problem){.L = p->L, .n = p->n, .cost = v_cost,
+                                  .mem = p->with_mem ? v_mem : NULL,
+                                  .capacity = p->with_mem ? p->cap : NULL, .arg = p};
+}
+
+/* (largest, second-largest) device time of a V split; false if a device is
+ * over its capacity.  Device d sums stage d then stage 2n-1-d, as the
+ * partitioner does, so equal splits compare exactly equal. */
+static bool v_eval(vprob *p, const int *bal, double *m1, double *m2)
+{
+    int start[17], n = p->n;
+    start[0] = 0;
+    for (int j = 0; j < 2 * n; j++) start[j + 1] = start[j] + bal[j];
+    *m1 = *m2 = -INFINITY;
+    bool ok = true;
+    for (int d = 0; d < n; d++) {
+        int j2 = 2 * n - 1 - d;
+        double t = v_cost(p, d, start[d], bal[d]) + v_cost(p, j2, start[j2], bal[j2]);
+        if (p->with_mem && p->cap[d] > 0 &&
+            v_mem(p, d, start[d], bal[d]) + v_mem(p, j2, start[j2], bal[j2]) > p->cap[d])
+            ok = false;
+        if (t > *m1) {
+            *m2 = *m1;
+            *m1 = t;
+        } else if (t > *m2) {
+            *m2 = t;
+        }
+    }
+    if (n == 1) *m2 = 0;
+    return ok;
+}
+
+/* Every composition of the layers into 2n positive parts (parts j.. of
+ * `left` layers): the best (max, second) of those that fit, in *bmax,
+ * *bsec; returns how many there are. */
+static long v_brute(vprob *p, int *bal, int j, int left, double *bmax, double *bsec, bool *found)
+{
+    int P = 2 * p->n;
+    if (j == P - 1) {
+        bal[j] = left;
+        double m1, m2;
+        if (v_eval(p, bal, &m1, &m2) && (!*found || m1 < *bmax || (m1 == *bmax && m2 < *bsec))) {
+            *bmax = m1;
+            *bsec = m2;
+            *found = true;
+        }
+        return 1;
+    }
+    long count = 0;
+    for (int c = 1; c <= left - (P - 1 - j); c++) {
+        bal[j] = c;
+        count += v_brute(p, bal, j + 1, left - c, bmax, bsec, found);
+    }
+    return count;
+}
+
+/* Random problems: additive costs (kinds as gen's), stage-index dependent
+ * scales and offsets, a boundary term that makes cost non-monotone in a
+ * stage's length, per-device capacities from generous to impossible. */
+static void v_random(vprob *p, uint64_t *rs, int it, int n, int L)
+{
+    uint64_t save = rng_state;
+    rng_state = *rs;
+    p->n = n;
+    p->L = L;
+    gen(p->c, L, it % 6);
+    int model = (it / 6) % 3; /* 0 additive, 1 per-stage, 2 per-stage + edge */
+    for (int j = 0; j < 2 * n; j++) {
+        p->scale[j] = model == 0 ? 1 : 0.5 + urand();
+        p->off[j] = model == 0 ? 0 : (double)(int)(urand() * 3);
+    }
+    for (int k = 0; k < L; k++) p->edge[k] = model == 2 ? 4 * urand() : 0;
+    p->with_mem = (it / 18) % 2 == 1;
+    double tot = 0;
+    for (int k = 0; k < L; k++) tot += p->mem[k] = 1 + 9 * urand();
+    for (int d = 0; d < n; d++) {
+        double u = urand();
+        /* 0: unlimited; else about a device's share, from 0.5x (often
+         * infeasible) to 2x */
+        p->cap[d] = u < 0.2 ? 0 : tot / n * (0.5 + 1.5 * urand());
+    }
+    p->calls = 0;
+    *rs = rng_state;
+    rng_state = save;
+}
+
+static void test_partition_v(void)
+{
+    uint64_t rs = 777;
+    int cases = 0, infeasible = 0, mismatch = 0, feas_mismatch = 0, bad_bal = 0, checked = 0;
+    long splits = 0;
+    /* small (n 1..3, L 2n..10), many times each; then a few larger ones */
+    for (int round = 0; round < 2; round++)
+        for (int n = 1; n <= (round ? 4 : 3); n++)
+            for (int L = 2 * n; L <= (round ? (n == 1 ? 40 : n == 2 ? 24 : n == 3 ? 16 : 13)
+                                          : 10);
+                 L += round ? 3 : 1)
+                for (int it = 0; it < (round ? 36 : 108); it++) {
+                    vprob p;
+                    v_random(&p, &rs, it, n, L);
+                    gp_partition_problem pb = v_problem(&p);
+                    int bal[16], tmp[16];
+                    double bm = INFINITY, bs = INFINITY, got = -1;
+                    bool bf = false;
+                    splits += v_brute(&p, tmp, 0, L, &bm, &bs, &bf);
+                    p.calls = 0;
+                    gp_status s = gp_partition_solve_v(&pb, bal, &got);
+                    cases++;
+                    /* cost called once per (stage, first, count) at most */
+                    if (p.calls > 2 * n * L * (L + 1) / 2) bad_bal++;
+                    if (bf != (s == GP_OK) || (!bf && s != GP_ERR_OOM)) {
+                        if (feas_mismatch++ < 5)
+                            fprintf(stderr, "V feasibility L=%d n=%d it=%d: brute %d, %s: %s\n",
+                                    L, n, it, bf, gp_status_name(s), gp_last_error());
+                        continue;
+                    }
+                    if (!bf) {
+                        infeasible++;
+                        continue;
+                    }
+                    int sum = 0;
+                    bool each = true;
+                    for (int j = 0; j < 2 * n; j++) {
+                        sum += bal[j];
+                        each = each && bal[j] >= 1;
+                    }
+                    if (sum != L || !each) {
+                        bad_bal++;
+                        continue;
+                    }
+                    double m1, m2;
+                    bool fits = v_eval(&p, bal, &m1, &m2);
+                    checked++;
+                    if (!fits || m1 != bm || m2 != bs || got != bm) {
+                        if (mismatch++ < 5)
+                            fprintf(stderr, "V mismatch L=%d n=%d it=%d: dp (%.17g, %.17g) "
+                                    "fits %d, out_max %.17g; brute (%.17g, %.17g)\n", L, n, it,
+                                    m1, m2, fits, got, bm, bs);
+                    }
+                    /* deterministic */
+                    int bal2[16];
+                    CHECK(gp_partition_solve_v(&pb, bal2, NULL) == GP_OK &&
+                          !memcmp(bal, bal2, (size_t)(2 * n) * sizeof *bal));
+                }
+    CHECK_MSG(mismatch == 0, "%d of %d V cases differ from brute force", mismatch, checked);
+    CHECK_MSG(feas_mismatch == 0, "%d V cases disagree on feasibility", feas_mismatch);
+    CHECK_MSG(bad_bal == 0, "%d V balances malformed or cost called too often", bad_bal);
+    CHECK(infeasible > 20 && checked > 1500); /* both sides exercised */
+    printf("test_balance: V partitioner = brute force (max and second device time, exactly) "
+           "on %d random cases (%d feasible, %d infeasible; %ld splits enumerated)\n", cases,
+           checked, infeasible, splits);
+
+    /* By hand. */
+    vprob p = {.L = 8, .n = 2};
+    for (int k = 0; k < 8; k++) p.c[k] = 1;
+    for (int j = 0; j < 4; j++) p.scale[j] = 1;
+    gp_partition_problem pb = v_problem(&p);
+    int bal[16];
+    double mx = 0;
+    CHECK_OK(gp_partition_solve_v(&pb, bal, &mx));
+    CHECK(mx == 4);
+    CHECK(bal[0] + bal[3] == 4 && bal[1] + bal[2] == 4);
+    /* one heavy layer first: device 0 takes it alone and one light layer
+     * from the end; device 1 the six in the middle (9 vs 6 at best: 8 + 1) */
+    p.c[0] = 8;
+    CHECK_OK(gp_partition_solve_v(&pb, bal, &mx));
+    CHECK(mx == 9 && bal[0] == 1 && bal[3] == 1 && bal[1] + bal[2] == 6);
+    p.c[0] = 1;
+    /* n = 1: both stages on one device, time = all layers */
+    vprob p1 = {.L = 3, .n = 1, .c = {1, 2, 3}, .scale = {1, 1}};
+    gp_partition_problem pb1 = v_problem(&p1);
+    CHECK_OK(gp_partition_solve_v(&pb1, bal, &mx));
+    CHECK(mx == 6 && bal[0] + bal[1] == 3 && bal[0] >= 1 && bal[1] >= 1);
+
+    /* errors */
+    p.L = 3;
+    pb = v_problem(&p);
+    CHECK_ERR(gp_partition_solve_v(&pb, bal, NULL), GP_ERR_INVALID,
+              "cannot split 3 layers into 4 stages");
+    p.L = 8;
+    p.with_mem = true;
+    for (int k = 0; k < 8; k++) p.mem[k] = 10;
+    p.mem[5] = 90;
+    p.cap[0] = 60;
+    p.cap[1] = 60;
+    pb = v_problem(&p);
+    CHECK_ERR(gp_partition_solve_v(&pb, bal, NULL), GP_ERR_OOM, "layer 5 alone needs");
+    CHECK_ERR(gp_partition_solve_v(&pb, bal, NULL), GP_ERR_OOM, "over by 30 B");
+    /* each layer fits device 0, but device 1 holds 5 B, less than its two
+     * stages' 20 B at least */
+    p.mem[5] = 10;
+    p.cap[1] = 5;
+    pb = v_problem(&p);
+    CHECK_ERR(gp_partition_solve_v(&pb, bal, NULL), GP_ERR_OOM,
+              "closest one still needs 20 B on device 1");
+    /* memory moves the optimum: device 1 (stages 1, 2) holds at most two
+     * layers, so device 0 takes six (time 6 with unit costs, not 4) */
+    p.cap[0] = 0;
+    p.cap[1] = 20;
+    pb = v_problem(&p);
+    CHECK_OK(gp_partition_solve_v(&pb, bal, &mx));
+    CHECK(mx == 6 && bal[1] == 1 && bal[2] == 1);
 }
 
 /* ---- profiler ---------------------------------------------------------------- */
@@ -1753,6 +1995,7 @@ int main(void)
     if (gpt_sanitizer() != GPT_SAN_THREAD) {
         test_partition_bruteforce();
         test_partition_tiebreak_and_errors();
+        test_partition_v();
         test_simulator_formula();
         test_simulator_schedules();
         test_plan_interleaved();

@@ -78,8 +78,10 @@ static void transparency(bool convnet, int n, int m, gp_checkpoint_mode ck, bool
         return;
     }
     bool placed = pip.n_stages == S;
-    for (int j = 0; j < pip.n_stages && placed; j++) placed = pip.devs[j] == devs[j % n];
-    CHECK_MSG(placed, "%s n=%d: stage j not on device j %% %d", gp_schedule_kind_name(kind), n, n);
+    for (int j = 0; j < pip.n_stages && placed; j++)
+        placed = pip.devs[j] == devs[gp_schedule_device_of(kind, n, j)];
+    CHECK_MSG(placed, "%s n=%d: stage j not on its device (j %% %d, or zb-v's V)",
+              gp_schedule_kind_name(kind), n, n);
     bool same[3];
     gpt_compare_steps(&c, &ref, &pip, BATCH, 5, same);
     bool same_loss = same[0], same_grads = same[1], same_params = same[2];
@@ -111,7 +113,7 @@ static int transparency_grid(bool few)
         for (int n = 2; n <= 3; n++)
             for (int m = 1; m <= 4; m += 3)
                 for (int ck = 0; ck < 3; ck++)
-                    for (int kd = 0; kd <= GP_SCHEDULE_INTERLEAVED; kd++) {
+                    for (int kd = 0; kd < GP_SCHEDULE_KINDS; kd++) {
                         if (kd == GP_SCHEDULE_INTERLEAVED && (n != 2 || m != 4)) continue;
                         if (few && (ck != GP_CKPT_EXCEPT_LAST || model == 0)) continue;
                         transparency(model == 1, n, m, (gp_checkpoint_mode)ck, true,
@@ -141,9 +143,11 @@ static int bf16_storage_grid(const char *what, int lockstep_odd)
     for (int model = 0; model < 2; model++)
         for (int n = 2; n <= 4; n++)
             for (int ck = 0; ck < 3; ck++)
-                for (int kd = 0; kd <= GP_SCHEDULE_INTERLEAVED; kd++) {
+                for (int kd = 0; kd < GP_SCHEDULE_KINDS; kd++) {
+                    bool two = kd == GP_SCHEDULE_INTERLEAVED || kd == GP_SCHEDULE_ZB_V;
                     if (kd == GP_SCHEDULE_INTERLEAVED && n != 2) continue;
-                    if (sanitized && n != (kd == GP_SCHEDULE_INTERLEAVED ? 2 : 4)) continue;
+                    if (kd == GP_SCHEDULE_ZB_V && n == 4 && model == 0) continue; /* 7 layers */
+                    if (sanitized && n != (two ? 2 : 4)) continue;
                     transparency(model == 1, n, n == 3 ? 3 : 4, (gp_checkpoint_mode)ck,
                                  (n + ck) % 2 == lockstep_odd, (gp_schedule_kind)kd, false);
                     runs++;
@@ -152,7 +156,10 @@ static int bf16_storage_grid(const char *what, int lockstep_odd)
     printf("test_pipeline: %s: %d of %d configurations differ%s\n", what,
            transparency_failures - before, runs,
            sanitized ? " (sanitizer build: 4 devices, interleaved 2, only)" : "");
-    CHECK(runs == (sanitized ? 2 * (3 * 3 + 3) : 2 * (4 * 3 + 3 * 3 + 3 * 3)));
+    /* each model: 4 kinds x 3 modes and zb-v's 3 at n = 2 (interleaved: 2
+     * only), 4 + 1 kinds at 3, 4 at 4 (and zb-v's there on the convnet) */
+    CHECK(runs == (sanitized ? 2 * (3 * 3 + 3 + 3)
+                             : 2 * (5 * 3 + 4 * 3 + 3 * 3) + 3));
     return runs;
 }
 

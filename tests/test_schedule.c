@@ -95,7 +95,7 @@ static int oracle_clock(const oracle *o, const gp_instr *in)
  * of another micro-batch. */
 static bool backward_next(const gp_schedule *s, int i, int j)
 {
-    int d = j % s->n;
+    int d = s->dev_of[j];
     for (int c = 0; c < s->count[d]; c++) {
         const gp_instr *in = &s->list[d][c];
         if (in->kind != GP_INSTR_FORWARD || in->i != i || in->j != j) continue;
@@ -584,6 +584,177 @@ static void check_interleaved(void)
     CHECK_ERR(gp_schedule_make(&o, &s), GP_ERR_INVALID, "2 or more devices");
 }
 
+/* The lists of s run with each computation one unit and copies free:
+ * lockstep (a copy of clock k once every computation of clocks < k is
+ * done) or free-running (once its source is done); false on a deadlock.
+ * *span: the free-running step in units (NULL: not wanted). */
+static bool run_split(const gp_schedule *s, bool lockstep, int *span)
+{
+    int n = s->n, pc[64] = {0}, t[64] = {0};
+    static int fin[2][MAX_M][64]; /* when the forward / backward(-data) of (i, j) ended, -1 */
+    static int left_at[16 * (MAX_M + 64)];
+    GP_ASSERT(s->clocks <= 16 * (MAX_M + 64));
+    memset(fin, -1, sizeof fin);
+    memset(left_at, 0, sizeof left_at);
+    for (int d = 0; d < n; d++)
+        for (int c = 0; c < s->count[d]; c++)
+            if (gp_instr_clocked(s->list[d][c].kind)) left_at[s->list[d][c].k]++;
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (int d = 0; d < n; d++)
+            while (pc[d] < s->count[d]) {
+                const gp_instr *in = &s->list[d][pc[d]];
+                if (!gp_instr_per_micro_batch(in->kind)) {
+                    pc[d]++;
+                    continue;
+                }
+                if (in->kind == GP_INSTR_RECV_ACT || in->kind == GP_INSTR_RECV_GRAD) {
+                    int front = 0;
+                    while (front < s->clocks && left_at[front] == 0) front++;
+                    int f = fin[in->kind == GP_INSTR_RECV_ACT ? SF : SB][in->i][in->from];
+                    if (lockstep ? in->k > front : f < 0) break;
+                    if (f > t[d]) t[d] = f;
+                }
+                if (gp_instr_clocked(in->kind)) {
+                    t[d]++;
+                    if (in->kind == GP_INSTR_FORWARD) fin[SF][in->i][in->j] = t[d];
+                    if (gp_instr_gives_grad(in->kind)) fin[SB][in->i][in->j] = t[d];
+                    left_at[in->k]--;
+                }
+                pc[d]++;
+                moved = true;
+            }
+    }
+    int end = 0;
+    for (int d = 0; d < n; d++) {
+        if (pc[d] < s->count[d]) return false;
+        if (t[d] > end) end = t[d];
+    }
+    if (span) *span = end;
+    return true;
+}
+
+/* ZB-V, n devices, 2n stages in a V, every m and checkpoint mode: every
+ * forward, backward-data and backward-weights of (i, s) once, on device s
+ * (s < n) or 2n - 1 - s, backward-weights after backward-data after the
+ * forward, micro-batches in order on every stage (the order gradients add
+ * up in, as on one device), the copies where they belong, the recomputes
+ * exactly before the checkpointed backwards; clocks rising along every
+ * list and along every micro-batch's path; at most 2n (micro-batch,
+ * stage) pairs in flight on a device (1F1B's activation memory: each
+ * stage is half a 1F1B stage) and at most the bound on each stage; both
+ * executions finish; with unit times and m >= 2n the step is the device's
+ * 6m units of work plus at most one F, B and W per stage of the path's
+ * fill (the paper's near-zero bubble), where 1F1B over n stages of twice
+ * the work takes 6m + 6(n - 1). */
+static void check_zb_v(void)
+{
+    int cases = 0, bad = 0;
+    for (int n = 1; n <= MAX_N; n++)
+        for (int m = 1; m <= MAX_M; m++)
+            for (int ck = 0; ck < 3; ck++) {
+                gp_schedule_opts o = {.kind = GP_SCHEDULE_ZB_V, .n = n, .m = m,
+                                      .checkpoint = (gp_checkpoint_mode)ck, .replicas = 1,
+                                      .update = true, .check = true};
+                gp_schedule s;
+                if (gp_schedule_make(&o, &s) != GP_OK) {
+                    CHECK_MSG(0, "zb-v n=%d m=%d: %s", n, m, gp_last_error());
+                    continue;
+                }
+                int S = 2 * n;
+                static int fk[MAX_M][64], bk[MAX_M][64], seen[3][MAX_M][64], kept[MAX_M][64];
+                memset(seen, 0, sizeof seen);
+                memset(kept, 0, sizeof kept);
+                bool ok = s.stages == S;
+                const char *why = "";
+                for (int j = 0; j < S; j++)
+                    if (s.dev_of[j] != (j < n ? j : S - 1 - j)) ok = false, why = "placement";
+                for (int d = 0; d < n; d++) {
+                    int flight = 0, peak = 0, last = -1, sflight[64] = {0};
+                    int next[3][64] = {{0}}; /* the micro-batch each stage runs next, per kind */
+                    for (int c = 0; c < s.count[d]; c++) {
+                        const gp_instr *in = &s.list[d][c];
+                        if (!gp_instr_per_micro_batch(in->kind)) continue;
+                        int i = in->i, j = in->j;
+                        if (s.dev_of[j] != d || in->k < last) ok = false, why = "device/clock";
+                        last = in->k;
+                        bool want = want_ck((gp_checkpoint_mode)ck, &s, i, j);
+                        if ((in->kind == GP_INSTR_FORWARD || in->kind == GP_INSTR_BACKWARD_DATA) &&
+                            in->checkpointed != want)
+                            ok = false, why = "checkpointed";
+                        switch (in->kind) {
+                        case GP_INSTR_FORWARD:
+                            if (next[0][j]++ != i) ok = false, why = "forward order";
+                            kept[i][j] += want;
+                            seen[0][i][j]++;
+                            fk[i][j] = in->k;
+                            flight++;
+                            sflight[j]++;
+                            if (sflight[j] > gp_schedule_in_flight_bound(GP_SCHEDULE_ZB_V, j, n, m))
+                                ok = false, why = "stage in flight";
+                            break;
+                        case GP_INSTR_RECOMPUTE:
+                            if (!want) ok = false, why = "recompute";
+                            kept[i][j]--;
+                            break;
+                        case GP_INSTR_BACKWARD_DATA:
+                            if (next[1][j]++ != i || !seen[0][i][j]) ok = false, why = "B order";
+                            seen[1][i][j]++;
+                            bk[i][j] = in->k;
+                            break;
+                        case GP_INSTR_BACKWARD_WEIGHTS:
+                            if (next[2][j]++ != i || !seen[1][i][j]) ok = false, why = "W order";
+                            seen[2][i][j]++;
+                            flight--;
+                            sflight[j]--;
+                            break;
+                        case GP_INSTR_RECV_ACT:
+                            if (j == 0 || in->from != j - 1) ok = false, why = "recv act";
+                            break;
+                        case GP_INSTR_RECV_GRAD:
+                            if (j == S - 1 || in->from != j + 1) ok = false, why = "recv grad";
+                            break;
+                        default: ok = false, why = "kind";
+                        }
+                        if (flight > peak) peak = flight;
+                    }
+                    if (peak > (S < 2 * m ? S : 2 * m)) ok = false, why = "device in flight";
+                }
+                for (int i = 0; i < m; i++)
+                    for (int j = 0; j < S; j++) {
+                        if (seen[0][i][j] != 1 || seen[1][i][j] != 1 || seen[2][i][j] != 1 ||
+                            kept[i][j])
+                            ok = false, why = "once";
+                        if (j > 0 && fk[i][j] <= fk[i][j - 1]) ok = false, why = "F clocks";
+                        if (j < S - 1 && bk[i][j] <= bk[i][j + 1]) ok = false, why = "B clocks";
+                    }
+                int span = 0;
+                ok = ok && run_split(&s, true, NULL) && run_split(&s, false, &span);
+                if (ok && m >= S && ck == 0 && span > 6 * m + 3 * S) ok = false, why = "bubble";
+                cases++;
+                if (!ok) {
+                    bad++;
+                    fprintf(stderr, "zb-v n=%d m=%d ck=%d: wrong (%s; span %d)\n", n, m, ck, why,
+                            span);
+                }
+                gp_schedule_free(&s);
+            }
+    CHECK_MSG(bad == 0 && cases == MAX_N * MAX_M * 3, "zb-v: %d of %d cases wrong", bad, cases);
+    /* the bubble, against 1F1B's over n stages of the same (doubled) work */
+    for (int n = 2; n <= 4; n++) {
+        gp_schedule_opts o = {.kind = GP_SCHEDULE_ZB_V, .n = n, .m = 4 * n, .replicas = 1};
+        gp_schedule s;
+        int span = 0;
+        CHECK_OK(gp_schedule_make(&o, &s));
+        CHECK(run_split(&s, false, &span));
+        printf("zb-v n=%d m=%d: %d units for %d of work on each device (1F1B: %d)\n", n, 4 * n,
+               span, 6 * 4 * n, 6 * 4 * n + 6 * (n - 1));
+        CHECK_MSG(span < 6 * 4 * n + 6 * (n - 1), "zb-v n=%d: %d units, no shorter than 1F1B",
+                  n, span);
+        gp_schedule_free(&s);
+    }
+}
+
 static void check_kind(gp_schedule_kind kind, int n, int m, gp_checkpoint_mode ck)
 {
     check_kind_dur(kind, n, m, ck, NULL);
@@ -608,6 +779,7 @@ int main(void)
 {
     zb_h1_timed();
     check_interleaved();
+    check_zb_v();
     for (int kind = 0; kind <= GP_SCHEDULE_ZB_H1; kind++) /* interleaved: its own checks */
         for (int n = 1; n <= MAX_N; n++)
             for (int m = 1; m <= MAX_M; m++)

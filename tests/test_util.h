@@ -436,7 +436,7 @@ static inline void gpt_split_even(int L, int n, int *bal)
  * stages into bal, and returns the stage count. */
 static inline int gpt_set_schedule(gp_config *c, gp_schedule_kind k, int n, int *bal)
 {
-    int v = k == GP_SCHEDULE_INTERLEAVED ? 2 : 1;
+    int v = gp_schedule_stages_per_device(k, 2); /* interleaved: 2; zb-v: 2, in a V */
     c->pipeline.schedule = k;
     c->pipeline.virtual_stages = v;
     gpt_split_even(c->model.n_layers, n * v, bal);

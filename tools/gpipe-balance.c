@@ -137,7 +137,7 @@ static gp_status write_config(const char *out_path, const gp_config *cfg, const 
     fprintf(o, "]\n  chunks: %d\n  checkpoint: %s\n  lockstep: %s\n  schedule: %s\n",
             pc->chunks, gp_checkpoint_mode_name(pc->checkpoint), pc->lockstep ? "true" : "false",
             gp_schedule_kind_name(pc->schedule));
-    if (v > 1) fprintf(o, "  virtual: %d\n", v);
+    if (v > 1 && pc->schedule != GP_SCHEDULE_ZB_V) fprintf(o, "  virtual: %d\n", v);
     if (pc->threads) fprintf(o, "  threads: %d\n", pc->threads);
     char sz[32];
     if (pc->memory) fprintf(o, "  memory: %s\n", yaml_size(pc->memory, sz, sizeof sz));
@@ -713,7 +713,10 @@ int main(int argc, char **argv)
     }
     if (s == GP_OK && own_fits) {
         char title[96];
-        if (v > 1)
+        if (cfg.pipeline.schedule == GP_SCHEDULE_ZB_V)
+            snprintf(title, sizeof title, "balance for %d devices x 2 stages (zb-v: device d "
+                     "holds stages d and %d - d), by %s", n, 2 * n - 1, gp_balance_by_name(po.by));
+        else if (v > 1)
             snprintf(title, sizeof title, "balance for %d devices x %d stages (interleaved), by %s",
                      n, v, gp_balance_by_name(po.by));
         else
@@ -766,9 +769,9 @@ int main(int argc, char **argv)
             int v;
             const int *bal;
         } runs[GP_SCHEDULE_KINDS + 1];
-        int n_runs = 0;
+        int n_runs = 0, balz[GP_MAX_DEVICES];
         for (int k = 0; k < GP_SCHEDULE_KINDS; k++)
-            if (k != GP_SCHEDULE_INTERLEAVED) {
+            if (k != GP_SCHEDULE_INTERLEAVED && k != GP_SCHEDULE_ZB_V) {
                 runs[n_runs].kind = (gp_schedule_kind)k;
                 runs[n_runs].v = 1;
                 runs[n_runs++].bal = one;
@@ -785,6 +788,21 @@ int main(int argc, char **argv)
                 runs[n_runs].kind = GP_SCHEDULE_INTERLEAVED;
                 runs[n_runs].v = vs[q];
                 runs[n_runs++].bal = balv[q];
+            }
+            gp_error_clear();
+        }
+        /* zb-v: 2n stages in a V, split by gp_partition_solve_v over the
+         * devices (each stage half its device's memory) */
+        if (s == GP_OK && n >= 2 && 2 * n <= GP_MAX_DEVICES && 2 * n <= prof.L) {
+            gp_plan_opts pz;
+            gp_config cz = cfg;
+            cz.pipeline.schedule = GP_SCHEDULE_ZB_V;
+            cz.pipeline.virtual_stages = 2;
+            gp_model_plan_opts(&cz, 2 * n, &pz);
+            if (gp_balance_plan(&prof, &pz, balz) == GP_OK) {
+                runs[n_runs].kind = GP_SCHEDULE_ZB_V;
+                runs[n_runs].v = 2;
+                runs[n_runs++].bal = balz;
             }
             gp_error_clear();
         }

@@ -286,9 +286,30 @@ typedef struct gp_partition_problem {
  * out_max / out_second may be NULL. */
 gp_status gp_partition_solve(const gp_partition_problem *pb, int *balance, double *out_max,
                              double *out_second);
+/* V placement (zb-v): L layers into 2 pb->n stages over pb->n devices, device
+ * d holding stage d and stage 2n-1-d (device n-1 holds the two middle
+ * stages, n-1 and n, adjacent).  pb->n is the number of DEVICES; cost and
+ * mem are called with the STAGE index j in 0..2n-1 and capacity[d] is per
+ * device (NULL or 0 = unlimited): a device's time is the sum of its two
+ * stages' costs, its bytes the sum of their mem, which must not exceed
+ * capacity[d].  balance gets 2n counts (stage order, each >= 1, sum L).
+ * The exact optimum, like gp_partition_solve's: minimises the largest
+ * device time, then the second-largest; remaining ties go to the first
+ * split in a fixed scan order (deterministic, not necessarily the
+ * lexicographically first).  Costs need not be monotone in a stage's
+ * length nor the same for every stage.  About (n - 2) L^4 / 24 steps on
+ * tables filled by O(n L^2) calls of cost and mem, O(n L^2) memory; refused
+ * (GP_ERR_INVALID) past 2^33 steps (about 15 s: n = 8 at 400 layers) or
+ * 512 MiB of tables.  Errors as gp_partition_solve's: GP_ERR_INVALID for
+ * fewer than 2n layers, GP_ERR_OOM when no split fits memory (a layer that
+ * alone exceeds every device, or the device that overflows least in the
+ * closest split).  out_max may be NULL. */
+gp_status gp_partition_solve_v(const gp_partition_problem *pb, int *balance, double *out_max);
 
 /* Additive costs (stage cost = sum of its layers' costs), no memory limit. */
 gp_status gp_partition_minmax(const double *costs, int L, int n, int *balance);
+/* The same placed in a V over n devices (2n stages: gp_partition_solve_v). */
+gp_status gp_partition_minmax_v(const double *costs, int L, int n, int *balance);
 /* Additive costs and additive memory (bytes per layer) with capacity[j]
  * per stage (0 = unlimited). */
 gp_status gp_partition_minmax_mem(const double *costs, const double *mem, const double *capacity,
@@ -309,6 +330,10 @@ typedef struct gp_plan_opts {
     /* interleaved: n = devices x virtual stages, stage j on device j %
      * (n / virtual_stages); 0 or 1: one stage per device */
     int virtual_stages;
+    /* zb-v: virtual_stages 2, stage j on device j for j < n / 2, else
+     * n - 1 - j (the V): the split is gp_partition_solve_v's, each device's
+     * capacity the sum of its two stages' */
+    bool v_shape;
     bool lockstep;                /* the run's (for the simulated refinement) */
 } gp_plan_opts;
 

@@ -193,6 +193,330 @@ gp_status gp_partition_solve(const gp_partition_problem *pb, int *balance, doubl
                         L, n);
 }
 
+/* ---- V placement (zb-v) --------------------------------------------------- */
+
+/* Device d holds stage d = [a_d, a_{d+1}) and stage 2n-1-d = [b_{d+1}, b_d),
+ * peeled from the two ends of the layers at once (a_0 = 0, b_0 = L); device
+ * n-1 takes the middle [a_{n-1}, b_{n-1}) as stages n-1 and n, cut at c.
+ *
+ * state (d, a, b): devices 0..d-1 placed, layers [0, a) and [b, L) used;
+ * best[a][b] is the lexicographically smallest (largest, second-largest)
+ * device time over those devices.  The pair is monotone under adding a
+ * device (if A is no worse than B, A + t is no worse than B + t, for any t),
+ * so the best pair of each state extends to the optimum of the whole, with
+ * no assumption on the costs: a stage's cost may depend on its index and
+ * need not grow with its length (a boundary copy can shrink as a stage
+ * grows), and costs may be negative.  Per device it tries every (a, b) ->
+ * (a', b'), about L^4 / 24 steps (from the one state of device 0, L^2 / 2);
+ * the middle device every cut, L^3 / 6: O(n L^4) in all, O(n L^2) memory.
+ * Cost and mem are called once per (stage, first, count) that can occur,
+ * O(n L^2), into tables.  In overflow mode a device's value is how far its
+ * memory exceeds its capacity (-inf: unlimited) and every split is allowed,
+ * as solve_dp's. */
+
+typedef struct {
+    double *pc, *sc, *pm, *sm; /* [W * W]: stage d = [a, a') at pc[a W + a'],
+                                  stage 2n-1-d = [b', b) at sc[b' W + b];
+                                  pm, sm their bytes */
+    double *m1, *m2;           /* [W * W]: best pair of each state, this level */
+    double *n1, *n2;           /* [W * W]: the same, next level */
+    int *from;                 /* [(n - 1) W W]: level d+1's state (a', b') came
+                                  from level d's from[...] = a W + b; -1: not
+                                  reached */
+} v_work;
+
+static bool dev_limited(const gp_partition_problem *pb, int d)
+{
+    return pb->mem && pb->capacity && pb->capacity[d] > 0;
+}
+
+/* Device d's tables, at the positions its two stages can take (overflow
+ * mode reads no cost). */
+static void v_tables(const gp_partition_problem *pb, const v_work *w, bool overflow, int d)
+{
+    int L = pb->L, n = pb->n, W = L + 1, j2 = 2 * n - 1 - d;
+    bool lim = dev_limited(pb, d);
+    for (int a = d; a <= L - 2 * n + d; a++)
+        for (int a2 = a + 1; a2 <= L - 2 * n + d + 1; a2++) {
+            if (!overflow) w->pc[a * W + a2] = pb->cost(pb->arg, d, a, a2 - a);
+            if (lim) w->pm[a * W + a2] = pb->mem(pb->arg, d, a, a2 - a);
+        }
+    for (int b = 2 * n - d; b <= L - d; b++)
+        for (int b2 = 2 * n - d - 1; b2 < b; b2++) {
+            if (!overflow) w->sc[b2 * W + b] = pb->cost(pb->arg, j2, b2, b - b2);
+            if (lim) w->sm[b2 * W + b] = pb->mem(pb->arg, j2, b2, b - b2);
+        }
+}
+
+/* Device d's value with stages [a, a2) and [b2, b); false if it overflows. */
+static inline bool v_value(const gp_partition_problem *pb, const v_work *w, bool overflow, int d,
+                           int a, int a2, int b2, int b, double *t)
+{
+    int W = pb->L + 1;
+    bool lim = dev_limited(pb, d);
+    if (overflow) {
+        *t = lim ? w->pm[a * W + a2] + w->sm[b2 * W + b] - pb->capacity[d] : -INFINITY;
+        return true;
+    }
+    if (lim && w->pm[a * W + a2] + w->sm[b2 * W + b] > pb->capacity[d]) return false;
+    *t = w->pc[a * W + a2] + w->sc[b2 * W + b];
+    return true;
+}
+
+/* (x1, x2) = the two largest of {x1, x2, t}. */
+static inline void top2_add(double *x1, double *x2, double t)
+{
+    if (t > *x1) {
+        *x2 = *x1;
+        *x1 = t;
+    } else if (t > *x2) {
+        *x2 = t;
+    }
+}
+
+static inline bool pair_less(double x1, double x2, double y1, double y2)
+{
+    return x1 < y1 || (x1 == y1 && x2 < y2);
+}
+
+/* Pairs (a, b) -> (a', b') (and middle cuts) the programme tries: an upper
+ * bound of its work, exact when no device overflows.  At level d >= 1 there
+ * are L - 2d - s + 1 states of width s = b - a, each with g (g + 1) / 2
+ * successors (g = s - 2 (n - d) + 1), or g cuts on the middle device; level
+ * 0 is the one state (0, L). */
+static double v_work_count(int L, int n)
+{
+    double work = 0;
+    for (int d = 0; d < n; d++)
+        for (int s = d == 0 ? L : 2 * (n - d); s <= L - 2 * d; s++) {
+            double cnt = d == 0 ? 1 : L - 2 * d - s + 1, g = s - 2 * (n - d) + 1;
+            work += cnt * (d < n - 1 ? g * (g + 1) / 2 : g);
+        }
+    return work;
+}
+
+/* Returns false if no split is feasible (*oom: out of host memory). */
+static bool solve_v(const gp_partition_problem *pb, bool overflow, int *balance, double *omax,
+                    bool *oom)
+{
+    int L = pb->L, n = pb->n, W = L + 1;
+    size_t cells = (size_t)W * (size_t)W;
+    v_work w = {0};
+    double *buf = malloc(8 * cells * sizeof *buf);
+    w.from = malloc((n > 1 ? (size_t)(n - 1) : 1) * cells * sizeof *w.from);
+    if (!buf || !w.from) {
+        free(buf);
+        free(w.from);
+        *oom = true;
+        return false;
+    }
+    w.pc = buf;
+    w.sc = buf + cells;
+    w.pm = buf + 2 * cells;
+    w.sm = buf + 3 * cells;
+    w.m1 = buf + 4 * cells;
+    w.m2 = buf + 5 * cells;
+    w.n1 = buf + 6 * cells;
+    w.n2 = buf + 7 * cells;
+    for (size_t q = 0; q < cells; q++) w.m1[q] = w.m2[q] = INFINITY;
+    w.m1[L] = w.m2[L] = -INFINITY; /* (0, L): nothing placed */
+
+    /* devices 0..n-2: level d -> d + 1 */
+    for (int d = 0; d < n - 1; d++) {
+        int rem = 2 * (n - d - 1); /* stages left after device d */
+        int *from = w.from + (size_t)d * cells;
+        for (size_t q = 0; q < cells; q++) {
+            w.n1[q] = w.n2[q] = INFINITY;
+            from[q] = -1;
+        }
+        v_tables(pb, &w, overflow, d);
+        for (int a = d; a <= L; a++)
+            for (int b = L - d; b - a >= 2 * (n - d); b--) {
+                double f1 = w.m1[a * W + b], f2 = w.m2[a * W + b];
+                if (f1 == INFINITY) continue;
+                for (int a2 = a + 1; a2 + rem <= b - 1; a2++)
+                    for (int b2 = b - 1; b2 >= a2 + rem; b2--) {
+                        double t;
+                        if (!v_value(pb, &w, overflow, d, a, a2, b2, b, &t)) continue;
+                        double x1 = f1, x2 = f2;
+                        top2_add(&x1, &x2, t);
+                        size_t q = (size_t)a2 * W + (size_t)b2;
+                        if (from[q] < 0 || pair_less(x1, x2, w.n1[q], w.n2[q])) {
+                            w.n1[q] = x1;
+                            w.n2[q] = x2;
+                            from[q] = a * W + b;
+                        }
+                    }
+            }
+        double *t1 = w.m1, *t2 = w.m2;
+        w.m1 = w.n1;
+        w.m2 = w.n2;
+        w.n1 = t1;
+        w.n2 = t2;
+    }
+
+    /* device n-1: the middle [a, b), cut at c; the cut with the smallest
+     * time is the best for every state (monotone again) */
+    v_tables(pb, &w, overflow, n - 1);
+    int ba = -1, bb = -1, bc = -1;
+    double b1 = INFINITY, b2v = INFINITY;
+    for (int a = n - 1; a <= L; a++)
+        for (int b = L - (n - 1); b - a >= 2; b--) {
+            double f1 = w.m1[a * W + b], f2 = w.m2[a * W + b];
+            if (f1 == INFINITY) continue;
+            int cbest = -1;
+            double tbest = INFINITY;
+            for (int c = a + 1; c < b; c++) {
+                double t;
+                if (!v_value(pb, &w, overflow, n - 1, a, c, c, b, &t)) continue;
+                if (cbest < 0 || t < tbest) {
+                    cbest = c;
+                    tbest = t;
+                }
+            }
+            if (cbest < 0) continue;
+            top2_add(&f1, &f2, tbest);
+            if (ba < 0 || pair_less(f1, f2, b1, b2v)) {
+                ba = a;
+                bb = b;
+                bc = cbest;
+                b1 = f1;
+                b2v = f2;
+            }
+        }
+    bool found = ba >= 0;
+    if (found) {
+        balance[n - 1] = bc - ba;
+        balance[n] = bb - bc;
+        int a = ba, b = bb;
+        for (int d = n - 2; d >= 0; d--) {
+            int p = w.from[(size_t)d * cells + (size_t)a * W + (size_t)b];
+            GP_ASSERT(p >= 0);
+            int pa = p / W, pbv = p % W;
+            GP_ASSERT(pa < a && b < pbv);
+            balance[d] = a - pa;
+            balance[2 * n - 1 - d] = pbv - b;
+            a = pa;
+            b = pbv;
+        }
+        GP_ASSERT(a == 0 && b == L);
+        if (omax) *omax = b1;
+    }
+    free(buf);
+    free(w.from);
+    return found;
+}
+
+gp_status gp_partition_solve_v(const gp_partition_problem *pb, int *balance, double *out_max)
+{
+    int L = pb->L, n = pb->n;
+    if (n < 1 || n > GP_MAX_DEVICES)
+        return gp_error_set(GP_ERR_INVALID,
+                            "cannot place a V over %d devices: use 1..%d devices", n,
+                            GP_MAX_DEVICES);
+    if (L < 2 * n)
+        return gp_error_set(GP_ERR_INVALID,
+                            "cannot split %d layers into %d stages (V placement, two per device "
+                            "on %d devices): every stage needs at least one layer; use at most "
+                            "%d devices", L, 2 * n, n, L / 2);
+    /* About (n - 2) L^4 / 24 steps (L^3 / 6 for n = 2) at a few ns each:
+     * 2^33 is about 15 s (n = 8 at 400 layers, n = 3 at 600); past it, or
+     * past 512 MiB of tables (n <= 2 at about 2800 layers), it says so
+     * instead of seeming to hang. */
+    double work = v_work_count(L, n);
+    if (work > 8589934592.0)
+        return gp_error_set(GP_ERR_INVALID,
+                            "balancing %d layers over %d devices in a V (%d stages) exactly "
+                            "would take too long (it tries about %.2g splits, over 2^33); give "
+                            "pipeline.balance explicitly, one layer count per stage",
+                            L, n, 2 * n, work);
+    /* eight doubles per pair (a, b), and per device but the last an int */
+    double bytes = (double)(L + 1) * (L + 1) * (8 * sizeof(double) + (size_t)(n - 1) * sizeof(int));
+    if (bytes > 536870912.0) {
+        char s1[32];
+        return gp_error_set(GP_ERR_INVALID,
+                            "balancing %d layers over %d devices in a V exactly would need %s "
+                            "of host memory; give pipeline.balance explicitly, one layer count "
+                            "per stage", L, n, gp_format_bytes((size_t)bytes, s1, sizeof s1));
+    }
+    bool oom = false;
+    if (solve_v(pb, false, balance, out_max, &oom)) return GP_OK;
+    if (oom) return gp_error_set(GP_ERR_OOM, "out of host memory partitioning");
+
+    /* Infeasible: as gp_partition_solve, a layer that fits no device on its
+     * own, else the device that overflows in the split that overflows
+     * least. */
+    char nb[160], nb2[160], nb3[160], nb4[160], s1[32], s2[32], s3[32];
+    int worst_k = -1;
+    double worst_over = 0, worst_need = 0, worst_cap = 0;
+    for (int k = 0; k < L; k++) {
+        double best_over = INFINITY, bn = 0, bc = 0;
+        for (int j = 0; j < 2 * n; j++) {
+            if (k < j || L - 1 - k < 2 * n - 1 - j) continue; /* no room around it */
+            int d = j < n ? j : 2 * n - 1 - j;
+            if (!dev_limited(pb, d)) {
+                best_over = -1;
+                break;
+            }
+            double need = pb->mem(pb->arg, j, k, 1), cap = pb->capacity[d];
+            if (need <= cap) {
+                best_over = -1;
+                break;
+            }
+            if (need - cap < best_over) {
+                best_over = need - cap;
+                bn = need;
+                bc = cap;
+            }
+        }
+        if (best_over > 0 && best_over > worst_over) {
+            worst_over = best_over;
+            worst_k = k;
+            worst_need = bn;
+            worst_cap = bc;
+        }
+    }
+    if (worst_k >= 0)
+        return gp_error_set(GP_ERR_OOM,
+                            "%s alone needs %s on a device but the best device holds %s: over "
+                            "by %s; raise pipeline.memory or pipeline.chunks (smaller "
+                            "micro-batches), or checkpoint",
+                            name_of(pb, worst_k, nb, sizeof nb),
+                            gp_format_bytes((size_t)worst_need, s1, sizeof s1),
+                            gp_format_bytes((size_t)worst_cap, s2, sizeof s2),
+                            gp_format_bytes((size_t)worst_over, s3, sizeof s3));
+    int bal[2 * GP_MAX_DEVICES];
+    double over = 0;
+    if (!solve_v(pb, true, bal, &over, &oom))
+        return gp_error_set(GP_ERR_OOM, "no V split of %d layers into %d stages fits", L, 2 * n);
+    int start[2 * GP_MAX_DEVICES + 1];
+    start[0] = 0;
+    for (int j = 0; j < 2 * n; j++) start[j + 1] = start[j] + bal[j];
+    for (int d = 0; d < n; d++) {
+        if (!dev_limited(pb, d)) continue;
+        int j2 = 2 * n - 1 - d;
+        double need = pb->mem(pb->arg, d, start[d], bal[d]) +
+                      pb->mem(pb->arg, j2, start[j2], bal[j2]);
+        double cap = pb->capacity[d];
+        if (need > cap && need - cap >= over)
+            return gp_error_set(
+                GP_ERR_OOM,
+                "no V split of %d layers into %d stages over %d devices fits device memory: "
+                "the closest one still needs %s on device %d (stage %d: %s .. %s, stage %d: "
+                "%s .. %s) which holds %s: over by %s; raise pipeline.memory, add devices, or "
+                "checkpoint", L, 2 * n, n, gp_format_bytes((size_t)need, s1, sizeof s1), d, d,
+                name_of(pb, start[d], nb, sizeof nb),
+                name_of(pb, start[d + 1] - 1, nb2, sizeof nb2), j2,
+                name_of(pb, start[j2], nb3, sizeof nb3),
+                name_of(pb, start[j2 + 1] - 1, nb4, sizeof nb4),
+                gp_format_bytes((size_t)cap, s2, sizeof s2),
+                gp_format_bytes((size_t)(need - cap), s3, sizeof s3));
+    }
+    return gp_error_set(GP_ERR_OOM,
+                        "no V split of %d layers into %d stages over %d devices fits device "
+                        "memory", L, 2 * n, n);
+}
+
 /* ---- additive problems ---------------------------------------------------- */
 
 typedef struct {
@@ -236,4 +560,18 @@ gp_status gp_partition_minmax_mem(const double *costs, const double *mem, const 
 gp_status gp_partition_minmax(const double *costs, int L, int n, int *balance)
 {
     return gp_partition_minmax_mem(costs, NULL, NULL, L, n, balance);
+}
+
+gp_status gp_partition_minmax_v(const double *costs, int L, int n, int *balance)
+{
+    if (L < 1) return gp_error_set(GP_ERR_INVALID, "nothing to partition: the model has no layers");
+    double *pre = malloc((size_t)(L + 1) * sizeof *pre);
+    if (!pre) return gp_error_set(GP_ERR_OOM, "out of host memory partitioning");
+    pre[0] = 0;
+    for (int l = 0; l < L; l++) pre[l + 1] = pre[l] + costs[l];
+    additive a = {pre, NULL};
+    gp_partition_problem pb = {.L = L, .n = n, .cost = add_cost, .arg = &a};
+    gp_status s = gp_partition_solve_v(&pb, balance, NULL);
+    free(pre);
+    return s;
 }

@@ -86,7 +86,7 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
                            int j, int first, int count)
 {
     int n = sched->stages, last = first + count - 1;
-    int d = j % sched->n; /* interleaved: the device's list holds other stages too */
+    int d = sched->dev_of[j]; /* interleaved, zb-v: the device's list holds other stages too */
     const gp_layer_mem *mm = p->mem;
     double stat = 0, ws = 0, keep = 0, in_max = 0, ck_max = 0;
     for (int k = first; k <= last; k++) {
@@ -345,8 +345,10 @@ static double refine_step(plan_ctx *c, const int *balance, bool lockstep, const 
         first += balance[j];
     }
     gp_sim_result r;
-    gp_status s = gp_simulate_schedule(c->p, GP_SCHEDULE_INTERLEAVED, nd, o->virtual_stages,
-                                       balance, o->m, o->checkpoint, lockstep, NULL, &r);
+    gp_status s = gp_simulate_schedule(c->p, o->v_shape ? GP_SCHEDULE_ZB_V
+                                                        : GP_SCHEDULE_INTERLEAVED,
+                                       nd, o->virtual_stages, balance, o->m, o->checkpoint,
+                                       lockstep, NULL, &r);
     if (s != GP_OK) {
         gp_error_clear();
         return HUGE_VAL;
@@ -380,7 +382,10 @@ static void refine_interleaved(plan_ctx *c, int *balance)
     for (int d = 0; d < nd; d++) {
         double cap = 0;
         bool bound = true;
-        for (int j = d; j < S; j += nd) {
+        for (int j = 0; j < S; j++) {
+            if (gp_schedule_device_of(o->v_shape ? GP_SCHEDULE_ZB_V : GP_SCHEDULE_INTERLEAVED,
+                                      nd, j) != d)
+                continue;
             cap += o->capacity[j];
             bound = bound && o->capacity[j] > 0;
         }
@@ -421,7 +426,21 @@ gp_status gp_balance_plan(const gp_profile *p, const gp_plan_opts *o, int *balan
     GP_TRY(plan_open(p, o, &c));
     gp_partition_problem pb = {.L = p->L, .n = o->n, .cost = plan_cost, .mem = plan_mem,
                                .capacity = o->capacity, .arg = &c, .layer_name = plan_name};
-    gp_status s = gp_partition_solve(&pb, balance, NULL, NULL);
+    gp_status s;
+    if (o->v_shape && o->n % 2 == 0) {
+        /* zb-v: the exact min-max over the devices, each running its two
+         * stages and holding what both hold within its whole memory */
+        int nd = o->n / 2;
+        double dcap[GP_MAX_DEVICES];
+        for (int d = 0; d < nd; d++)
+            dcap[d] = o->capacity[d] > 0 && o->capacity[o->n - 1 - d] > 0
+                          ? o->capacity[d] + o->capacity[o->n - 1 - d] : 0;
+        pb.n = nd;
+        pb.capacity = dcap;
+        s = gp_partition_solve_v(&pb, balance, NULL);
+    } else {
+        s = gp_partition_solve(&pb, balance, NULL, NULL);
+    }
     int v = o->virtual_stages;
     if (s == GP_OK && v > 1 && o->n % v == 0 && o->by != GP_BALANCE_BY_SIZE && p->timed)
         refine_interleaved(&c, balance);
@@ -462,8 +481,8 @@ gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n
 {
     memset(out, 0, sizeof *out);
     out->schedule = kind;
-    if (kind != GP_SCHEDULE_INTERLEAVED) v = 1;
-    int S = n * v; /* stages; stage j on device j % n */
+    v = gp_schedule_stages_per_device(kind, v);
+    int S = n * v; /* stages; stage j on device sc.dev_of[j] */
     out->n = n;
     out->v = v;
     out->m = m;
@@ -601,7 +620,7 @@ gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n
     /* a device's peak: its stages' peaks added (interleaved: erring high,
      * they need not coincide) */
     for (int j = 0; j < S; j++)
-        out->peak_bytes[j % n] += gp_stage_peak_bytes(p, &sc, sizes, j, first[j], balance[j]);
+        out->peak_bytes[sc.dev_of[j]] += gp_stage_peak_bytes(p, &sc, sizes, j, first[j], balance[j]);
     for (int j = 0; j < n; j++) {
         if (capacity && capacity[j] > 0 && out->peak_bytes[j] > capacity[j]) out->fits = false;
     }

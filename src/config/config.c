@@ -79,8 +79,8 @@ static gp_status walk_root(gp_cfg_walk *w, const gp_ynode *root, gp_config *c)
         const gp_pipeline_config *pp = &c->pipeline;
         const gp_ynode *pm = gp_ymap_get(root, "pipeline");
         int L = c->model.n_layers;
-        int stages = pp->n_devices * (pp->schedule == GP_SCHEDULE_INTERLEAVED &&
-                                              pp->virtual_stages > 1 ? pp->virtual_stages : 1);
+        int stages = pp->n_devices * gp_schedule_stages_per_device(pp->schedule,
+                                                                   pp->virtual_stages);
         if (pp->n_balance > 0) {
             int64_t sum = 0; /* entries up to INT_MAX each: no wrap */
             for (int j = 0; j < pp->n_balance; j++) sum += pp->balance[j];
@@ -94,7 +94,9 @@ static gp_status walk_root(gp_cfg_walk *w, const gp_ynode *root, gp_config *c)
             if (!n) n = gp_ymap_get(pm, "devices");
             return gp_cfg_bad(w, n ? n : pm, "%d stages (pipeline.devices%s) for a model of %d "
                               "layer%s: every stage needs at least one layer; use at most %d "
-                              "stages", stages, stages > pp->n_devices ? " x pipeline.virtual" : "",
+                              "stages", stages,
+                              pp->schedule == GP_SCHEDULE_ZB_V ? " x 2, zb-v's"
+                              : stages > pp->n_devices ? " x pipeline.virtual" : "",
                               L, L == 1 ? "" : "s", L);
         }
     }

@@ -339,16 +339,20 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
         GP_TRY(derive_replicas(w, dv ? dv : m, gp_cfg_absent(rep_node) ? m : rep_node, pc));
 
     /* the schedule, and for interleaving the stages per device */
-    static const char *const k_schedules[] = {"gpipe", "1f1b", "zb-h1", "interleaved"};
+    static const char *const k_schedules[] = {"gpipe", "1f1b", "zb-h1", "interleaved", "zb-v"};
+    _Static_assert(GP_COUNT(k_schedules) == GP_SCHEDULE_KINDS, "a name for every schedule");
     int sk = 0;
     GP_TRY(gp_cfg_get_enum(w, m, "pipeline", "schedule", k_schedules, GP_COUNT(k_schedules),
                            GP_SCHEDULE_GPIPE, &sk));
     pc->schedule = (gp_schedule_kind)sk;
-    bool il = pc->schedule == GP_SCHEDULE_INTERLEAVED;
-    GP_TRY(gp_cfg_get_int32(w, m, "pipeline", "virtual", il ? 2 : 1, 1, GP_MAX_DEVICES,
+    bool il = pc->schedule == GP_SCHEDULE_INTERLEAVED, zv = pc->schedule == GP_SCHEDULE_ZB_V;
+    GP_TRY(gp_cfg_get_int32(w, m, "pipeline", "virtual", il || zv ? 2 : 1, 1, GP_MAX_DEVICES,
                             &pc->virtual_stages));
     const gp_ynode *vn = gp_ymap_get(m, "virtual");
-    if (!il && pc->virtual_stages > 1)
+    if (zv && pc->virtual_stages != 2)
+        return gp_cfg_bad(w, vn, "pipeline.virtual = %d: schedule zb-v places exactly 2 stages "
+                          "on each device (in a V); leave virtual out", pc->virtual_stages);
+    if (!il && !zv && pc->virtual_stages > 1)
         return gp_cfg_bad(w, vn, "pipeline.virtual = %d needs schedule: interleaved (stages per "
                           "device); set pipeline.schedule: interleaved or leave virtual out",
                           pc->virtual_stages);
@@ -369,6 +373,12 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
         return gp_cfg_bad(w, bal, "expected auto or a list of layer counts, one per device, for "
                           "pipeline.balance, got %s", gp_cfg_describe(bal, got, sizeof got));
     } else {
+        if (bal->n != stages && zv)
+            return gp_cfg_bad(w, bal, "pipeline.balance has %d entr%s but there are %d stages "
+                              "(%d devices x 2: zb-v places two on each, device d holding "
+                              "stages d and %d - d); give one layer count per stage, in the "
+                              "model's order (or balance: auto)", bal->n,
+                              bal->n == 1 ? "y" : "ies", stages, pc->n_devices, stages - 1);
         if (bal->n != stages && pc->virtual_stages > 1)
             return gp_cfg_bad(w, bal, "pipeline.balance has %d entr%s but there are %d stages "
                               "(%d devices x pipeline.virtual %d); give one layer count per "

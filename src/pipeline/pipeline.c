@@ -71,8 +71,9 @@ typedef struct worker {
 
 struct gp_pipeline {
     int n;                     /* devices: workers and schedule lists */
-    int S;                     /* stages: n, or n x v interleaved (stage j on
-                                  device j % n) */
+    int S;                     /* stages: n, or n x v interleaved, or 2n zb-v */
+    int dev_of[GP_MAX_DEVICES]; /* stage j's device (worker): j % n, or zb-v's V
+                                  (gp_schedule_device_of) */
     int L;
     gp_layer *layers;
     int first_trainable;       /* gp_layers_first_trainable of the model */
@@ -230,7 +231,11 @@ struct gp_pipeline {
 #define MB(p, i, j) (&(p)->mb[(size_t)(i) * (size_t)(p)->S + (size_t)(j)])
 #define FLAG(p, arr, i, j) ((p)->arr[(size_t)(i) * (size_t)(p)->S + (size_t)(j)])
 /* The stages j of device d. */
-#define EACH_STAGE(p, j, d) for (int j = (d); j < (p)->S; j += (p)->n)
+/* The stages of device d, in order (j % n == d, or zb-v's two). */
+#define EACH_STAGE(p, j, d)                  \
+    for (int j = 0; j < (p)->S; j++)         \
+        if ((p)->dev_of[j] != (d)) {         \
+        } else
 
 /* ---- errors and waiting ------------------------------------------------ */
 
@@ -570,7 +575,7 @@ static gp_status await_copies(gp_pipeline *p, int i, int j, bool hold)
 /* ---- processes (procs.h) ------------------------------------------------ */
 
 /* Whether stage j runs in another process. */
-static bool remote(const gp_pipeline *p, int j) { return p->local >= 0 && j % p->n != p->local; }
+static bool remote(const gp_pipeline *p, int j) { return p->local >= 0 && p->dev_of[j] != p->local; }
 
 enum { MSG_ACT, MSG_GRAD, MSG_SKIP, MSG_SKIP_GRAD };
 
@@ -726,9 +731,9 @@ static gp_status open_chans(gp_pipeline *p)
     for (int q = 0; st == GP_OK && p->chans && q < n_flows; q++) {
         int to = q / slots, slot = q % slots, from = flow_from(p, to, slot);
         if (from < 0) continue;
-        bool send = from % p->n == p->local, recv = to % p->n == p->local;
+        bool send = p->dev_of[from] == p->local, recv = p->dev_of[to] == p->local;
         if (send == recv) continue; /* in this process, or none of its business */
-        int peer = p->rank_base + (send ? to : from) % p->n;
+        int peer = p->rank_base + p->dev_of[send ? to : from];
         if (peer < 0 || peer >= size || !chan_between(&mine, &cards[peer])) continue;
         gp_chan_desc d = {.sender = send, .host_send = chan_host_send,
                           .host_recv = chan_host_recv, .arg = &p->chan_peers[q]};
@@ -818,7 +823,7 @@ static gp_status send_tensor(gp_pipeline *p, const gp_tensor *t, int to, int tag
     }
     GP_TRY(gp_dev_synchronize(t->dev)); /* the data is written */
     GP_TRY(gp_procs_isend_dev(t->dev, (float *)gp_tensor_mem(t), gp_tensor_words(t),
-                              p->rank_base + to % p->n, tag,
+                              p->rank_base + p->dev_of[to], tag,
                               &ps->req));
     ps->flag = flag;
     p->n_pend++;
@@ -920,7 +925,7 @@ static gp_status receive_remote(gp_pipeline *p, const gp_instr *in, gp_event_rec
         cell_pending(p, i, j)[slot] = done != NULL;
         return GP_OK;
     }
-    int from = p->rank_base + in->from % p->n, tag = msg_tag(p, i, j, what, in->skip);
+    int from = p->rank_base + p->dev_of[in->from], tag = msg_tag(p, i, j, what, in->skip);
     gp_procs_wait_for("stage %d's %s for micro-batch %d of stage %d", in->from, k_what[what], i,
                       j);
     gp_status st = gp_procs_probe(from, tag);
@@ -953,7 +958,7 @@ static size_t res_bytes_for(int m) { return RES_LOSS + (size_t)m * sizeof(gp_los
 /* Micro-batch i's loss results on the last stage's device. */
 static gp_loss_result *loss_slot(gp_pipeline *p, int i)
 {
-    return (gp_loss_result *)((char *)p->workers[(p->S - 1) % p->n].res_dev + RES_LOSS) + i;
+    return (gp_loss_result *)((char *)p->workers[p->dev_of[p->S - 1]].res_dev + RES_LOSS) + i;
 }
 
 /* Stage 0's input of micro-batch i (what = EV_UP_X) or the last stage's
@@ -1225,13 +1230,13 @@ static gp_status tie_send(gp_pipeline *p, const gp_tensor *t, int to, int tag)
     gp_procs_req req;
     GP_TRY(gp_dev_synchronize(t->dev)); /* the data is written */
     GP_TRY(gp_procs_isend_dev(t->dev, (float *)gp_tensor_mem(t), gp_tensor_numel(t),
-                              p->rank_base + to % p->n, tag, &req));
+                              p->rank_base + p->dev_of[to], tag, &req));
     return gp_procs_wait(&req);
 }
 
 static gp_status tie_recv(gp_pipeline *p, gp_tensor *t, int from, int tag)
 {
-    return gp_procs_recv_dev(t->dev, gp_f32(t), gp_tensor_numel(t), p->rank_base + from % p->n,
+    return gp_procs_recv_dev(t->dev, gp_f32(t), gp_tensor_numel(t), p->rank_base + p->dev_of[from],
                              tag);
 }
 
@@ -1241,7 +1246,7 @@ static gp_status tie_grads_ready(gp_pipeline *p, int d)
 {
     for (int t = 0; t < p->n_ties; t++) {
         struct tie *e = &p->ties[t];
-        if (e->js % p->n != d || e->jo % p->n == d) continue; /* (same device: in order) */
+        if (p->dev_of[e->js] != d || p->dev_of[e->jo] == d) continue; /* (same device: in order) */
         gp_param *r = &p->layers[e->c].params[e->q];
         if (remote(p, e->jo)) {
             GP_TRY(tie_send(p, &r->grad, e->jo, tie_tag(p, t, 0)));
@@ -1259,12 +1264,12 @@ static gp_status tie_grads_sum(gp_pipeline *p, int d)
 {
     for (int t = 0; t < p->n_ties; t++) {
         struct tie *e = &p->ties[t];
-        if (e->jo % p->n != d) continue;
+        if (p->dev_of[e->jo] != d) continue;
         gp_device *dev = p->devs[e->jo];
         gp_param *o = &p->layers[e->oc].params[e->oq], *r = &p->layers[e->c].params[e->q];
         int64_t n = gp_tensor_numel(&o->value);
         const float *g = NULL;
-        if (e->js % p->n == d) {
+        if (p->dev_of[e->js] == d) {
             g = gp_f32(&r->grad); /* the same device and stream */
         } else {
             if (!gp_tensor_mem(&e->tmp)) {
@@ -1293,7 +1298,7 @@ static gp_status tie_values(gp_pipeline *p, int d)
 {
     for (int t = 0; t < p->n_ties; t++) { /* owners first: no worker waits on itself */
         struct tie *e = &p->ties[t];
-        if (e->jo % p->n != d) continue;
+        if (p->dev_of[e->jo] != d) continue;
         gp_param *o = &p->layers[e->oc].params[e->oq];
         if (remote(p, e->js)) {
             GP_TRY(tie_send(p, &o->value, e->js, tie_tag(p, t, 1)));
@@ -1305,7 +1310,7 @@ static gp_status tie_values(gp_pipeline *p, int d)
     }
     for (int t = 0; t < p->n_ties; t++) {
         struct tie *e = &p->ties[t];
-        if (e->js % p->n != d) continue;
+        if (p->dev_of[e->js] != d) continue;
         gp_device *dev = p->devs[e->js];
         gp_param *o = &p->layers[e->oc].params[e->oq], *r = &p->layers[e->c].params[e->q];
         if (remote(p, e->jo)) {
@@ -1808,7 +1813,7 @@ static gp_status read_results(worker *w)
     gp_pipeline *p = w->p;
     int j = w->j;
     gp_device *dev = p->devs[j];
-    bool losses = (p->S - 1) % p->n == j, check = !p->opts.no_check;
+    bool losses = p->dev_of[p->S - 1] == j, check = !p->opts.no_check;
     w->bad_loss = -1;
     w->flagged = false;
     gp_status st;
@@ -2028,17 +2033,22 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
     if (S < 1 || S > GP_MAX_DEVICES)
         return gp_error_set(GP_ERR_INVALID, "a pipeline needs 1..%d stages, got %d",
                             GP_MAX_DEVICES, S);
-    int v = opts->schedule == GP_SCHEDULE_INTERLEAVED ? opts->virtual_stages : 1;
+    int v = gp_schedule_stages_per_device(opts->schedule, opts->virtual_stages);
     if (v < 1 || S % v)
         return gp_error_set(GP_ERR_INVALID, "%d stages cannot be %d per device; give "
-                            "pipeline.balance one entry per stage, devices x pipeline.virtual",
-                            S, v);
+                            "pipeline.balance one entry per stage, devices x %s",
+                            S, v, opts->schedule == GP_SCHEDULE_ZB_V ? "2 (zb-v)"
+                                                                       : "pipeline.virtual");
     int n = S / v;
-    for (int j = n; j < S; j++)
-        if (devs[j] != devs[j % n])
-            return gp_error_set(GP_ERR_INVALID, "interleaved stage %d must be on device %s (stage "
-                                "j on device j mod %d), not %s", j, devs[j % n]->name, n,
+    for (int j = n; j < S; j++) {
+        int d = gp_schedule_device_of(opts->schedule, n, j);
+        if (devs[j] != devs[d])
+            return gp_error_set(GP_ERR_INVALID, "stage %d must be on device %s (%s), not %s", j,
+                                devs[d]->name, opts->schedule == GP_SCHEDULE_ZB_V
+                                    ? "zb-v: stage j >= n on device 2n - 1 - j"
+                                    : "interleaved: stage j on device j mod n",
                                 devs[j]->name);
+    }
     int64_t sum = 0; /* no wrap, whatever the entries */
     for (int j = 0; j < S; j++) {
         if (balance[j] < 1)
@@ -2064,6 +2074,7 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
     if (!p) return gp_error_set(GP_ERR_OOM, "out of host memory");
     p->n = n;
     p->S = S;
+    for (int j = 0; j < S; j++) p->dev_of[j] = gp_schedule_device_of(opts->schedule, n, j);
     p->L = n_layers;
     p->layers = layers;
     p->first_trainable = gp_layers_first_trainable(layers, n_layers);
@@ -2354,7 +2365,7 @@ gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y,
 
 const gp_event_rec *gp_pipeline_producer(const gp_pipeline *p, const gp_event_rec *c)
 {
-    int d = c->from % p->n; /* the source stage's device */
+    int d = p->dev_of[c->from]; /* the source stage's device */
     bool act = c->kind == GP_INSTR_RECV_ACT || c->kind == GP_INSTR_RECV_SKIP;
     const worker *w = &p->workers[d];
     for (int e = 0; e < w->n_events; e++) {
@@ -2576,6 +2587,7 @@ void gp_pipeline_cancel(gp_pipeline *p)
 }
 int gp_pipeline_stages(const gp_pipeline *p) { return p->S; }
 int gp_pipeline_devices(const gp_pipeline *p) { return p->n; }
+int gp_pipeline_device_of(const gp_pipeline *p, int j) { return p->dev_of[j]; }
 
 void gp_event_name(const gp_event_rec *e, char *buf, size_t len)
 {

@@ -223,8 +223,10 @@ const gp_event_rec *gp_pipeline_producer(const gp_pipeline *p, const gp_event_re
 /* Busy seconds of worker j in the last step (sum of its instructions). */
 double gp_pipeline_busy(const gp_pipeline *p, int j);
 /* Stages, and devices (workers, event lists): equal except interleaved,
- * where stage j runs on device j % devices. */
+ * where stage j runs on device j % devices, and zb-v (2 per device, in a
+ * V); gp_pipeline_device_of: stage j's device. */
 int gp_pipeline_stages(const gp_pipeline *p);
 int gp_pipeline_devices(const gp_pipeline *p);
+int gp_pipeline_device_of(const gp_pipeline *p, int j);
 
 #endif /* GP_PIPELINE_H */

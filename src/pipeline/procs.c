@@ -165,6 +165,7 @@ static pthread_mutex_t g_wd_mu = PTHREAD_MUTEX_INITIALIZER;
 static wd_wait *g_wd_waits;
 static double g_wd_timeout;           /* seconds; 0 until gp_procs_watch */
 static int g_wd_devices, g_wd_stages; /* to name a rank's stages */
+static gp_schedule_kind g_wd_schedule; /* (zb-v places them in a V) */
 static char g_wd_phase[160], g_wd_note[1200];
 static pthread_t g_wd_thread;
 static bool g_wd_started;
@@ -223,11 +224,14 @@ static void name_rank(int r, char *buf, size_t len)
     int d = r % n, stages = 0, used = snprintf(buf, len, "rank %d (", r);
     if (g_size > n && used < (int)len)
         used += snprintf(buf + used, len - (size_t)used, "replica %d, ", r / n);
-    for (int j = d; j < g_wd_stages; j += n) stages++;
-    for (int j = d, q = 0; j < g_wd_stages && used < (int)len; j += n, q++)
+    for (int j = 0; j < g_wd_stages; j++) stages += gp_schedule_device_of(g_wd_schedule, n, j) == d;
+    for (int j = 0, q = 0; j < g_wd_stages && used < (int)len; j++) {
+        if (gp_schedule_device_of(g_wd_schedule, n, j) != d) continue;
         used += snprintf(buf + used, len - (size_t)used, "%s%d",
                          q == 0 ? (stages > 1 ? "stages " : "stage ")
                                 : (q == stages - 1 ? " and " : ", "), j);
+        q++;
+    }
     if (used < (int)len) snprintf(buf + used, len - (size_t)used, ")");
 }
 
@@ -339,13 +343,14 @@ static void *watchdog(void *arg)
     return NULL;
 }
 
-void gp_procs_watch(double seconds, int n_devices, int n_stages)
+void gp_procs_watch(double seconds, int n_devices, int n_stages, gp_schedule_kind schedule)
 {
     if (!g_active || g_size < 2 || !(seconds > 0)) return;
     pthread_mutex_lock(&g_wd_mu);
     g_wd_timeout = seconds;
     g_wd_devices = n_devices;
     g_wd_stages = n_stages;
+    g_wd_schedule = schedule;
     pthread_mutex_unlock(&g_wd_mu);
     if (g_wd_started || g_hb_comm == MPI_COMM_NULL) return;
     size_t N = (size_t)g_size;
@@ -1018,9 +1023,9 @@ gp_status gp_procs_max_doubles(double *v, int n)
     return none();
 }
 int gp_procs_tag_ub(void) { return INT_MAX; }
-void gp_procs_watch(double seconds, int n_devices, int n_stages)
+void gp_procs_watch(double seconds, int n_devices, int n_stages, gp_schedule_kind schedule)
 {
-    (void)seconds, (void)n_devices, (void)n_stages;
+    (void)seconds, (void)n_devices, (void)n_stages, (void)schedule;
 }
 void gp_procs_watch_phase(const char *fmt, ...) { (void)fmt; }
 void gp_procs_watch_note(const char *fmt, ...) { (void)fmt; }

@@ -137,7 +137,7 @@ gp_status gp_procs_agree(gp_status s, const char *during, bool *other_failed, bo
  * status 4).  gp_procs_watch starts it (MPI builds, several ranks; again:
  * new values); n_devices and n_stages name each rank's stages (rank r runs
  * device r mod n_devices of replica r div n_devices).  Thread-safe. */
-void gp_procs_watch(double seconds, int n_devices, int n_stages);
+void gp_procs_watch(double seconds, int n_devices, int n_stages, gp_schedule_kind schedule);
 /* What the ranks are doing ("step 12 of 400"), said with a wait that
  * lasts. */
 void gp_procs_watch_phase(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

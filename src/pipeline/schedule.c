@@ -56,11 +56,13 @@ static gp_instr instr(gp_instr_kind kind, int i, int j, int k, int from, bool ck
 /* The end of device d's step (schedule.h): for each of its stages j the
  * reductions, one barrier, the clip, then each stage's commit, update,
  * gather and check. */
-static int end_of_step(const gp_schedule_opts *o, int d, int S, int k, gp_instr *l)
+static int end_of_step(const gp_schedule_opts *o, int d, int S, int k, const int *dev_of,
+                       gp_instr *l)
 {
     bool dp = o->replicas > 1, clip = o->clip && o->update;
     int c = 0;
-    for (int j = d; j < S; j += o->n) {
+    for (int j = 0; j < S; j++) {
+        if (dev_of[j] != d) continue;
         bool shard = dp && o->shard[j] && o->update, fused = shard && j == 0 && !clip;
         gp_instr e = {.i = -1, .j = j, .k = k, .from = j};
         if (dp && !fused) {
@@ -77,7 +79,8 @@ static int end_of_step(const gp_schedule_opts *o, int d, int S, int k, gp_instr 
         l[c] = (gp_instr){.kind = GP_INSTR_CLIP, .i = -1, .j = d, .k = k, .from = d};
         c++;
     }
-    for (int j = d; j < S; j += o->n) {
+    for (int j = 0; j < S; j++) {
+        if (dev_of[j] != d) continue;
         bool shard = dp && o->shard[j] && o->update, fused = shard && j == 0 && !clip;
         gp_instr e = {.i = -1, .j = j, .k = k, .from = j};
         (l[c] = e, l[c++].kind = GP_INSTR_COMMIT);
@@ -202,6 +205,53 @@ static void interleaved_order(int n, int v, int m, int d, op *ord, int *len)
     *len = c;
 }
 
+/* ZB-V's order on device d of n (schedule.h): chunk 0 is stage d, chunk 1
+ * stage 2n - 1 - d.  Made for M = max(m, 2n - 1) micro-batches, as the
+ * pattern needs that many to fill the V; those past m are left out. */
+static void zb_v_order(int n, int m, int d, op *ord, int *len)
+{
+    int M = m > 2 * n - 1 ? m : 2 * n - 1, s0 = d, s1 = 2 * n - 1 - d;
+    int f0 = 0, f1 = 0, b0 = 0, b1 = 0, w0, w1, c = 0;
+#define PUT(kind, i, j)                                  \
+    do {                                                 \
+        int i_ = (i); /* (i is a counter's f0++ etc.) */ \
+        if (i_ < m) ord[c++] = (op){(kind), i_, (j)};    \
+    } while (0)
+    for (int q = 0; q < 2 * (n - d) - 1; q++) PUT(GP_INSTR_FORWARD, f0++, s0);
+    for (int q = 0; q < d; q++) {
+        PUT(GP_INSTR_FORWARD, f1++, s1);
+        PUT(GP_INSTR_FORWARD, f0++, s0);
+    }
+    for (int q = 0; q < n - d; q++) {
+        PUT(GP_INSTR_FORWARD, f1++, s1);
+        PUT(GP_INSTR_BACKWARD_DATA, b1, s1);
+        PUT(GP_INSTR_BACKWARD_WEIGHTS, b1++, s1);
+    }
+    while (f1 < f0 || f0 < M) {
+        if (f0 < M) PUT(GP_INSTR_FORWARD, f0++, s0);
+        PUT(GP_INSTR_BACKWARD_DATA, b0, s0);
+        PUT(GP_INSTR_BACKWARD_WEIGHTS, b0++, s0);
+        PUT(GP_INSTR_FORWARD, f1++, s1);
+        PUT(GP_INSTR_BACKWARD_DATA, b1, s1);
+        PUT(GP_INSTR_BACKWARD_WEIGHTS, b1++, s1);
+    }
+    w0 = b0;
+    w1 = b1;
+    for (int q = 0; q < d; q++) {
+        PUT(GP_INSTR_BACKWARD_DATA, b0++, s0);
+        PUT(GP_INSTR_BACKWARD_DATA, b1++, s1);
+    }
+    for (int q = 0; q < n - d; q++) {
+        PUT(GP_INSTR_BACKWARD_DATA, b0++, s0);
+        PUT(GP_INSTR_BACKWARD_WEIGHTS, w0++, s0);
+    }
+    while (w1 < b1) PUT(GP_INSTR_BACKWARD_WEIGHTS, w1++, s1);
+    while (w0 < b0) PUT(GP_INSTR_BACKWARD_WEIGHTS, w0++, s0);
+#undef PUT
+    GP_ASSERT(f0 == M && f1 == M && b0 == M && b1 == M && w0 == M && w1 == M);
+    *len = c;
+}
+
 /* The order of computations on every device. */
 static gp_status compute_orders(const gp_schedule_opts *o, int v, op **ord, int *len)
 {
@@ -211,6 +261,10 @@ static gp_status compute_orders(const gp_schedule_opts *o, int v, op **ord, int 
         int c = 0;
         if (o->kind == GP_SCHEDULE_INTERLEAVED) {
             interleaved_order(n, v, m, j, ord[j], &len[j]);
+            continue;
+        }
+        if (o->kind == GP_SCHEDULE_ZB_V) {
+            zb_v_order(n, m, j, ord[j], &len[j]);
             continue;
         }
         if (o->kind == GP_SCHEDULE_GPIPE) {
@@ -286,19 +340,32 @@ const char *gp_schedule_kind_name(gp_schedule_kind k)
     case GP_SCHEDULE_1F1B: return "1f1b";
     case GP_SCHEDULE_ZB_H1: return "zb-h1";
     case GP_SCHEDULE_INTERLEAVED: return "interleaved";
+    case GP_SCHEDULE_ZB_V: return "zb-v";
     }
     return "?";
+}
+
+bool gp_schedule_v_shape(gp_schedule_kind k) { return k == GP_SCHEDULE_ZB_V; }
+
+int gp_schedule_stages_per_device(gp_schedule_kind k, int virtual_stages)
+{
+    if (k == GP_SCHEDULE_INTERLEAVED) return virtual_stages;
+    return k == GP_SCHEDULE_ZB_V ? 2 : 1;
 }
 
 int gp_schedule_in_flight_bound(gp_schedule_kind k, int j, int n, int m)
 {
     if (k == GP_SCHEDULE_1F1B) return n - j < m ? n - j : m;
     if (k == GP_SCHEDULE_ZB_H1) return n - j + 1 < m ? n - j + 1 : m;
+    if (k == GP_SCHEDULE_ZB_V) return 2 * n - j < m ? 2 * n - j : m; /* n devices, 2n stages */
     return m;
 }
 
 bool gp_schedule_backward_ascending(gp_schedule_kind k) { return k != GP_SCHEDULE_GPIPE; }
-bool gp_schedule_splits_backward(gp_schedule_kind k) { return k == GP_SCHEDULE_ZB_H1; }
+bool gp_schedule_splits_backward(gp_schedule_kind k)
+{
+    return k == GP_SCHEDULE_ZB_H1 || k == GP_SCHEDULE_ZB_V;
+}
 
 int gp_schedule_interleaved_bound(int d, int n, int v, int m)
 {
@@ -309,7 +376,7 @@ int gp_schedule_interleaved_bound(int d, int n, int v, int m)
 gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
 {
     int n = o->n, m = o->m;
-    int v = o->kind == GP_SCHEDULE_INTERLEAVED ? o->virtual_stages : 1;
+    int v = gp_schedule_stages_per_device(o->kind, o->virtual_stages);
     int S = n * v;
     out->n = n;
     out->stages = S;
@@ -338,6 +405,11 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
                                 "pipeline.chunks = %d): set chunks to a multiple of %d", n, m,
                                 n > 1 ? n : 2);
     }
+    if (S <= GP_MAX_DEVICES)
+        for (int j = 0; j < S; j++) out->dev_of[j] = gp_schedule_device_of(o->kind, n, j);
+    if (o->kind == GP_SCHEDULE_ZB_V && S > GP_MAX_DEVICES)
+        return gp_error_set(GP_ERR_INVALID, "zb-v places 2 stages on each device: at most %d "
+                            "devices (got %d)", GP_MAX_DEVICES / 2, n);
     out->list = calloc((size_t)n, sizeof *out->list);
     out->count = calloc((size_t)n, sizeof *out->count);
     op *ord[GP_MAX_DEVICES] = {NULL};
@@ -412,7 +484,8 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
         out->count[d] = c;
     }
     for (int d = 0; d < n && st == GP_OK; d++)
-        out->count[d] += end_of_step(o, d, S, out->clocks, out->list[d] + out->count[d]);
+        out->count[d] += end_of_step(o, d, S, out->clocks, out->dev_of,
+                                     out->list[d] + out->count[d]);
     for (int d = 0; d < n; d++) free(ord[d]);
     free(bnext);
     free(fk);

@@ -63,6 +63,26 @@
  *     d=0  F0[0] F1[0] F0[2] F1[2]             B0[2] B1[2] B0[0] B1[0]
  *     d=1        F0[1] F1[1] F0[3] F1[3] B0[3] B1[3] B0[1] B1[1]
  *
+ * ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism", section 6;
+ * PyTorch's ScheduleZBVZeroBubble): 2n stages placed in a V, device d
+ * holding stage d (its chunk 0) and stage 2n - 1 - d (its chunk 1), so the
+ * first and the last stage share device 0 and the turn (stages n - 1 and
+ * n) is on device n - 1; every backward is split into backward-data (B)
+ * and backward-weights (W).  Device d runs 2 (n - d) - 1 forwards of chunk
+ * 0; d pairs (a forward of chunk 1, one of chunk 0); n - d triples (F, B,
+ * W of chunk 1); then, while forwards are left, (F, B, W of chunk 0, then
+ * of chunk 1); then d pairs (B of chunk 0, B of chunk 1), n - d pairs (B,
+ * W of chunk 0) and the W passes left, chunk 1's first.  Built for
+ * max(m, 2n - 1) micro-batches, the computations of those past m dropped
+ * (what the paper's figure and PyTorch do for small m).  With equal
+ * forward, backward-data and backward-weights times its bubble is about
+ * zero; at most 2n (micro-batch, stage) pairs are in flight on a device,
+ * each half a 1F1B stage: 1F1B's activation memory.  n = 2, m = 4 (stage
+ * in brackets; clocks as below):
+ *
+ *     d=0  F0[0] F1[0] F2[0]             F0[3] B0[3] W0[3] F3[0] B0[0] ...
+ *     d=1        F0[1]       F0[2] B0[2] W0[2] F1[2] B1[2] ...
+ *
  * Clocks in general: a computation runs one clock after the later of the
  * previous computation on its device and the one its input comes from
  * (forward (i, j - 1), backward (i, j + 1)).  For GPipe that gives the
@@ -132,11 +152,24 @@ typedef enum {
     GP_SCHEDULE_GPIPE = 0,
     GP_SCHEDULE_1F1B,
     GP_SCHEDULE_ZB_H1,
-    GP_SCHEDULE_INTERLEAVED
+    GP_SCHEDULE_INTERLEAVED,
+    GP_SCHEDULE_ZB_V
 } gp_schedule_kind;
-#define GP_SCHEDULE_KINDS 4
-/* "gpipe", "1f1b", "zb-h1", "interleaved" */
+#define GP_SCHEDULE_KINDS 5
+/* "gpipe", "1f1b", "zb-h1", "interleaved", "zb-v" */
 const char *gp_schedule_kind_name(gp_schedule_kind k);
+/* Whether schedule k places its stages in a V (zb-v: 2n stages, device d
+ * holding stages d and 2n - 1 - d) rather than in loops (stage j on device
+ * j mod n: one stage each, or interleaved's v). */
+bool gp_schedule_v_shape(gp_schedule_kind k);
+/* Stages per device: interleaved's v (virtual, >= 2), zb-v's 2, else 1. */
+int gp_schedule_stages_per_device(gp_schedule_kind k, int virtual_stages);
+/* The device of stage j (of n x stages per device) over n devices. */
+static inline int gp_schedule_device_of(gp_schedule_kind k, int n, int j)
+{
+    if (k == GP_SCHEDULE_ZB_V) return j < n ? j : 2 * n - 1 - j;
+    return j % n;
+}
 /* The most micro-batches in flight on stage j (forwarded, their activations
  * not yet freed by the backward, or by backward-weights where it is split)
  * that schedule k allows: m for GPipe, min(n - j, m) for 1F1B,
@@ -243,7 +276,8 @@ typedef struct gp_skip_edge {
 
 typedef struct gp_schedule_opts {
     gp_schedule_kind kind;
-    int n;                  /* devices: stages, except interleaved (n v stages) */
+    int n;                  /* devices: stages, except interleaved (n v stages)
+                               and zb-v (2 n) */
     int virtual_stages;     /* interleaved: v >= 2 stages per device */
     int m;                  /* micro-batches */
     gp_checkpoint_mode checkpoint;
@@ -265,13 +299,15 @@ typedef struct gp_schedule_opts {
 
 typedef struct gp_schedule {
     gp_schedule_kind kind;
-    int n;           /* devices (lists); device of stage j: j % n */
+    int n;           /* devices (lists); device of stage j: dev_of[j]
+                        (gp_schedule_device_of) */
     int stages;      /* n, or n v interleaved */
     int m;           /* micro-batches */
     int clocks;      /* of the computations and copies: 2 (m + n - 1) for
                         GPipe; the end of the step runs at clock `clocks` */
     gp_instr **list; /* list[d][0..count[d]): device d's, every stage of it */
     int *count;
+    int dev_of[GP_MAX_DEVICES]; /* stage j's device */
 } gp_schedule;
 
 /* The schedule o->kind with the end of the step. */

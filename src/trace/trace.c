@@ -135,8 +135,9 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
             if (replicas > 1) snprintf(rep, sizeof rep, "replica %d, ", replica);
             int off = snprintf(name, sizeof name, "%s (%sstage%s %d", devs[j]->name, rep,
                                S > n ? "s" : "", j);
-            for (int q = j + n; q < S && off < (int)sizeof name - 8; q += n)
-                off += snprintf(name + off, sizeof name - (size_t)off, ", %d", q);
+            for (int q = j + 1; q < S && off < (int)sizeof name - 8; q++)
+                if (gp_pipeline_device_of(p, q) == j)
+                    off += snprintf(name + off, sizeof name - (size_t)off, ", %d", q);
             snprintf(name + off, sizeof name - (size_t)off, ")");
             event(t, "process_name", NULL, "M", base + j);
             gp_json_open_object(w, "args");

@@ -122,7 +122,8 @@ static gp_status place_layers(const gp_config *cfg, gp_device *const *devs, int 
         gp_model_release(out);
         return gp_error_set(GP_ERR_OOM, "out of host memory building the model");
     }
-    /* interleaved: v stages per device, stage j on device j % n */
+    /* interleaved: v stages per device, stage j on device j % n; zb-v: 2,
+     * in a V */
     int S = n * v;
     GP_ASSERT(S <= GP_MAX_DEVICES);
     out->dev = devs[0];
@@ -134,7 +135,8 @@ static gp_status place_layers(const gp_config *cfg, gp_device *const *devs, int 
     out->local_device = N > 1 && N == n * R ? gp_procs_rank() % n : -1;
     out->rank_base = N > 1 && N == n * R ? gp_procs_rank() / n * n : 0;
     for (int j = 0; j < S; j++) {
-        out->devs[j] = devs[j % n];
+        out->dev_of[j] = gp_schedule_device_of(cfg->pipeline.schedule, n, j);
+        out->devs[j] = devs[out->dev_of[j]];
         out->balance[j] = balance[j];
     }
     out->input = gp_shape_4d(1, mc->input[0], mc->input[1], mc->input[2]);
@@ -153,10 +155,10 @@ static gp_status place_layers(const gp_config *cfg, gp_device *const *devs, int 
         }
         gp_shape in[1 + GP_MAX_POPS];
         gp_skip_map_inputs(&out->skips, k, &out->input, outs, in);
-        if (meta || (out->local_device >= 0 && stage % n != out->local_device))
+        if (meta || (out->local_device >= 0 && out->dev_of[stage] != out->local_device))
             s = gp_layer_meta(&mc->layers[k], k, in, &out->layers[k]); /* another rank's */
         else
-            s = gp_layer_create(&mc->layers[k], k, in, devs[stage % n], cfg->train.seed,
+            s = gp_layer_create(&mc->layers[k], k, in, devs[out->dev_of[stage]], cfg->train.seed,
                                 &out->layers[k]);
         if (s == GP_OK && !meta && build_stop && atomic_load(build_stop)) {
             gp_layer_destroy(&out->layers[k]);
@@ -383,11 +385,15 @@ void gp_model_plan_opts(const gp_config *cfg, int n, gp_plan_opts *o)
      * plan models their memory as 1F1B's stages (the closest schedule the
      * planner walks), each with 1/v of its device. */
     int nd = pc->n_devices > 0 ? pc->n_devices : n, v = n > nd && n % nd == 0 ? n / nd : 1;
-    o->schedule = pc->schedule == GP_SCHEDULE_INTERLEAVED ? GP_SCHEDULE_1F1B : pc->schedule;
-    o->virtual_stages = pc->schedule == GP_SCHEDULE_INTERLEAVED ? v : 1;
+    bool several = pc->schedule == GP_SCHEDULE_INTERLEAVED || pc->schedule == GP_SCHEDULE_ZB_V;
+    /* zb-v likewise: its 2n stages hold 1F1B's micro-batches in flight
+     * (schedule.h), each with half its device, placed in a V */
+    o->schedule = several ? GP_SCHEDULE_1F1B : pc->schedule;
+    o->virtual_stages = several ? v : 1;
+    o->v_shape = pc->schedule == GP_SCHEDULE_ZB_V && v == 2;
     o->lockstep = pc->lockstep;
     for (int j = 0; j < n && j < GP_MAX_DEVICES; j++) {
-        int d = j % nd;
+        int d = o->v_shape ? gp_schedule_device_of(GP_SCHEDULE_ZB_V, nd, j) : j % nd;
         size_t cap = d < pc->n_devices && pc->devices[d].memory ? pc->devices[d].memory : pc->memory;
         o->capacity[j] = (double)cap / v;
     }
@@ -396,6 +402,7 @@ void gp_model_plan_opts(const gp_config *cfg, int n, gp_plan_opts *o)
 int gp_model_virtual(const gp_config *cfg)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
+    if (pc->schedule == GP_SCHEDULE_ZB_V) return 2;
     return pc->schedule == GP_SCHEDULE_INTERLEAVED && pc->virtual_stages > 1 ? pc->virtual_stages
                                                                               : 1;
 }
@@ -408,7 +415,8 @@ static gp_status enough_layers(const gp_config *cfg, int n)
         return gp_error_set(GP_ERR_INVALID,
                             "%s: %d stages (pipeline.devices%s) for a model of %d layer%s: "
                             "every stage needs at least one layer; use at most %d stages",
-                            cfg->path, n, gp_model_virtual(cfg) > 1 ? " x pipeline.virtual" : "",
+                            cfg->path, n, cfg->pipeline.schedule == GP_SCHEDULE_ZB_V ? " x 2 (zb-v)"
+                                          : gp_model_virtual(cfg) > 1 ? " x pipeline.virtual" : "",
                             L, L == 1 ? "" : "s", L);
     return GP_OK;
 }
@@ -422,7 +430,9 @@ gp_status gp_model_balance_flops(const gp_config *cfg, int n, int *balance)
     int64_t mb = gp_config_replica_batch(cfg) / cfg->pipeline.chunks;
     gp_status s = gp_model_costs(cfg, mb > 0 ? mb : 1, costs);
     if (s == GP_OK) {
-        s = gp_partition_minmax(costs, L, n, balance);
+        s = cfg->pipeline.schedule == GP_SCHEDULE_ZB_V && n % 2 == 0
+                ? gp_partition_minmax_v(costs, L, n / 2, balance) /* 2 stages a device */
+                : gp_partition_minmax(costs, L, n, balance);
         if (s == GP_ERR_INVALID) gp_error_wrap(s, "%s", cfg->path); /* name the config */
     }
     free(costs);
@@ -860,7 +870,7 @@ int gp_model_stage_of(const gp_model *m, int k)
 
 int gp_model_layer_rank(const gp_model *m, int k)
 {
-    return m->local_device < 0 ? 0 : gp_model_stage_of(m, k) % m->n_devices;
+    return m->local_device < 0 ? 0 : m->dev_of[gp_model_stage_of(m, k)];
 }
 
 gp_status gp_model_tie_sync(gp_model *m)
@@ -1074,14 +1084,14 @@ static gp_status eval_skips_arrive(eval_run *e, gp_stash *st, int j, int64_t n)
     for (int t = 0; t < m->skips.n && s == GP_OK; t++) {
         if (gp_stash_skip_role(st, t) != GP_SKIP_ARRIVES) continue;
         int from = m->skips.skips[t].from, a = gp_model_stage_of(m, from);
-        if (e->procs && a % m->n_devices != m->local_device) {
+        if (e->procs && m->dev_of[a] != m->local_device) {
             gp_shape ks = gp_shape_with_batch(&m->layers[from].out_shape, n);
             s = gp_tensor_alloc_as(&st->skip_in[t], m->devs[j], &ks, m->layers[from].out_dtype,
                                    GP_MEM_COPIES);
             if (s == GP_OK)
                 s = gp_procs_recv_dev(m->devs[j], (float *)gp_tensor_mem(&st->skip_in[t]),
                                       gp_tensor_words(&st->skip_in[t]),
-                                      m->rank_base + a % m->n_devices, 2 + t);
+                                      m->rank_base + m->dev_of[a], 2 + t);
             continue;
         }
         gp_shape ks = gp_tensor_shape(&e->pend[t]);
@@ -1100,20 +1110,20 @@ static gp_status eval_send_on(eval_run *e, int j, gp_tensor *cur)
     gp_status s = GP_OK;
     for (int t = 0; t < m->skips.n && s == GP_OK; t++) {
         int b = gp_model_stage_of(m, m->skips.skips[t].to);
-        if (!gp_tensor_mem(&e->pend[t]) || b % m->n_devices == m->local_device) continue;
+        if (!gp_tensor_mem(&e->pend[t]) || m->dev_of[b] == m->local_device) continue;
         e->sent[e->n_sent] = e->pend[t];
         e->pend[t] = (gp_tensor){0};
         s = gp_procs_isend_dev(e->sent[e->n_sent].dev, (float *)gp_tensor_mem(&e->sent[e->n_sent]),
                                gp_tensor_words(&e->sent[e->n_sent]),
-                               m->rank_base + b % m->n_devices, 2 + t, &e->reqs[e->n_sent]);
+                               m->rank_base + m->dev_of[b], 2 + t, &e->reqs[e->n_sent]);
         e->n_sent++;
     }
-    if (s == GP_OK && j + 1 < m->n_stages && (j + 1) % m->n_devices != m->local_device) {
+    if (s == GP_OK && j + 1 < m->n_stages && m->dev_of[j + 1] != m->local_device) {
         e->sent[e->n_sent] = *cur;
         *cur = (gp_tensor){0};
         s = gp_procs_isend_dev(e->sent[e->n_sent].dev, (float *)gp_tensor_mem(&e->sent[e->n_sent]),
                                gp_tensor_words(&e->sent[e->n_sent]),
-                               m->rank_base + (j + 1) % m->n_devices, 1, &e->reqs[e->n_sent]);
+                               m->rank_base + m->dev_of[j + 1], 1, &e->reqs[e->n_sent]);
         e->n_sent++;
     }
     return s;
@@ -1127,7 +1137,7 @@ static gp_status eval_stage(eval_run *e, int j, int first, const gp_fwd_ctx *ctx
 {
     gp_model *m = e->m;
     gp_status s = GP_OK;
-    if (e->procs && j > 0 && (j - 1) % m->n_devices != m->local_device) {
+    if (e->procs && j > 0 && m->dev_of[j - 1] != m->local_device) {
         /* the previous stage's output, from its rank */
         gp_tensor_free(cur);
         gp_shape cs = gp_shape_with_batch(&m->layers[first].in_shape, n);
@@ -1135,7 +1145,7 @@ static gp_status eval_stage(eval_run *e, int j, int first, const gp_fwd_ctx *ctx
                                GP_MEM_COPIES);
         if (s == GP_OK)
             s = gp_procs_recv_dev(m->devs[j], (float *)gp_tensor_mem(cur), gp_tensor_words(cur),
-                                  m->rank_base + (j - 1) % m->n_devices, 1);
+                                  m->rank_base + m->dev_of[j - 1], 1);
     }
     if (s != GP_OK) return s;
     gp_stash st;
@@ -1215,12 +1225,12 @@ static gp_status eval_batch(eval_run *e, int64_t bi)
     /* processes: the inputs are stage 0's rank's, the labels the last
      * stage's */
     if (s == GP_OK && (!e->procs || m->local_device == 0 ||
-                       (m->n_stages - 1) % m->n_devices == m->local_device))
+                       m->dev_of[m->n_stages - 1] == m->local_device))
         s = upload_chunk(m, bx, by, 0, n, &cur, &labels);
     gp_fwd_ctx ctx = {.training = false, .seed = e->cfg->train.seed, .step = (uint64_t)m->step,
                       .sample_offset = 0, .batch_total = n};
     for (int j = 0, first = 0; j < m->n_stages && s == GP_OK; first += m->balance[j++]) {
-        if (e->procs && j % m->n_devices != m->local_device) continue; /* another rank's */
+        if (e->procs && m->dev_of[j] != m->local_device) continue; /* another rank's */
         s = eval_stage(e, j, first, &ctx, n, &cur);
     }
     for (int q = 0; q < e->n_sent; q++) { /* this batch's sends done, their tensors freed */
@@ -1232,7 +1242,7 @@ static gp_status eval_batch(eval_run *e, int64_t bi)
     /* the loss is the last stage's rank's */
     if (e->logits && s == GP_OK)
         s = eval_logits(e, &cur, b0, n);
-    else if (!e->logits && (!e->procs || (m->n_stages - 1) % m->n_devices == m->local_device))
+    else if (!e->logits && (!e->procs || m->dev_of[m->n_stages - 1] == m->local_device))
         s = eval_score(e, s, &cur, &labels);
     gp_tensor_free(&cur);
     gp_tensor_free(&labels);
@@ -1256,7 +1266,7 @@ static gp_status eval_agree(eval_run *e, gp_status s)
                           "or less", (long long)e->bs, (long long)(e->bs > 1 ? e->bs / 2 : 1));
         gp_procs_fail(s);
     }
-    int last = (m->n_stages - 1) % m->n_devices;
+    int last = m->dev_of[m->n_stages - 1];
     double v[4] = {e->loss_sum, (double)e->correct, (double)e->count, (double)s};
     gp_status got = gp_procs_bcast(v, sizeof v, last);
     if (s == GP_OK) s = got;

@@ -224,7 +224,7 @@ static gp_status process_replica_step(gp_model *m, const gp_config *cfg, const f
     m->step++;
     double comm = 0;
     for (int j = 0; j < m->n_stages; j++) {
-        double c = gp_pipeline_comm_seconds(m->pipe, j % nd);
+        double c = gp_pipeline_comm_seconds(m->pipe, m->dev_of[j]);
         if (c > comm) comm = c;
     }
     if (st) {

@@ -61,7 +61,8 @@ typedef struct gp_model {
     gp_device *devs[GP_MAX_DEVICES]; /* stage j's device, not owned */
     int balance[GP_MAX_DEVICES];     /* layers per stage */
     int n_stages;
-    int n_devices;         /* stage j on devs[j % n_devices] */
+    int n_devices;         /* stage j on device dev_of[j] */
+    int dev_of[GP_MAX_DEVICES]; /* j % n_devices, or zb-v's V (gp_schedule_device_of) */
     /* Processes (mpirun; procs.h): the device this process trains, its
      * rank; the other devices' layers are shapes only (gp_layer_meta: no
      * parameters, gradients or momentum here).  -1: every device is this

@@ -775,7 +775,8 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
     /* processes: from here on a rank that stops answering ends the run
      * after pipeline.peer_timeout (rank 0 profiles, the others wait) */
     gp_procs_watch(cfg->pipeline.peer_timeout > 0 ? cfg->pipeline.peer_timeout
-                                                  : GP_PEER_TIMEOUT_DEFAULT, n, S);
+                                                  : GP_PEER_TIMEOUT_DEFAULT, n, S,
+                   cfg->pipeline.schedule);
     if (gp_procs_size() > 1) {
         /* processes: rank 0 balances (profiling once), every rank takes
          * its split, or its failure */
@@ -2295,9 +2296,10 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m, gp_device
     int64_t tied[GP_MAX_DEVICES] = {0}; /* tied replicas: value and gradient, no state */
     for (int j = 0, f0 = 0; j < m->n_stages; f0 += m->balance[j++])
         for (int k = f0; k < f0 + m->balance[j]; k++) {
-            tied[j % n] += gp_layer_tied_count(&m->layers[k]);
-            held[j % n] += gp_layer_param_count(&m->layers[k]) - gp_layer_tied_count(&m->layers[k]);
-            buffers[j % n] += gp_layer_buffer_count(&m->layers[k]); /* values alone */
+            tied[m->dev_of[j]] += gp_layer_tied_count(&m->layers[k]);
+            held[m->dev_of[j]] +=
+                gp_layer_param_count(&m->layers[k]) - gp_layer_tied_count(&m->layers[k]);
+            buffers[m->dev_of[j]] += gp_layer_buffer_count(&m->layers[k]); /* values alone */
         }
     size_t per = state_bytes(cfg);
     uint64_t host_need = 0;
@@ -2444,7 +2446,7 @@ static gp_status summary_layers(const gp_config *cfg, gp_model *m, FILE *f, summ
         tot->pad += pad; sg.pad += pad;
         if (pad > 0 && pr > tot->pad_rows) tot->pad_rows = pr;
         sg_tied += gp_layer_tied_count(l);
-        const char *dn = cfg->pipeline.devices[stage % n].name;
+        const char *dn = cfg->pipeline.devices[m->dev_of[stage]].name;
         fprintf(f, "%4d  %-7s %-*s %-20s %12lld %14.1f %14s%s\n", k, dn, wl, nm, sh,
                 (long long)np, fl / 1e6, gp_format_bytes((size_t)act, ab, sizeof ab), sk);
         if (n > 1 && k - first + 1 == m->balance[stage]) {
@@ -2689,9 +2691,9 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
      * needs none of the devices it names. */
     GP_TRY(gp_model_build_meta(cfg, balance, &m));
     summary_devices(cfg, devs, f);
-    /* device of each layer, by its stage (stage j on device j % n) */
+    /* device of each layer, by its stage (m.dev_of) */
     for (int j = 0, f0 = 0; j < m.n_stages; f0 += m.balance[j++])
-        for (int k = f0; k < f0 + m.balance[j]; k++) m.layers[k].dev = devs[j % n];
+        for (int k = f0; k < f0 + m.balance[j]; k++) m.layers[k].dev = devs[m.dev_of[j]];
     if (flops_split)
         fprintf(f, "balance: auto; shown split by estimated FLOPs (a run profiles each layer "
                    "first and may split otherwise: gpipe-balance %s --devices %d prints that "
