@@ -969,6 +969,11 @@ def main():
                                            "pipeline.checkpoint=never"])
         same_run(tmp, "conv-interleaved", CONV, 2, ["pipeline.schedule=interleaved",
                                                     "pipeline.balance=[3, 3, 3, 3]"])
+        # zb-v: device 0 runs stages 0 and 3, so a rank sends to the other
+        # and also to itself at the V's turn
+        same_run(tmp, "conv-zb-v", CONV, 2, ["pipeline.schedule=zb-v",
+                                             "pipeline.balance=[3, 3, 3, 3]",
+                                             "pipeline.checkpoint=except_last"])
         same_run(tmp, "conv-4", CONV, 4, ["pipeline.devices=[cpu:0, cpu:1, cpu:2, cpu:3]",
                                           "pipeline.balance=[3, 3, 3, 3]"])
         same_run(tmp, "unet-4", UNET, 4, ["pipeline.balance=auto"])

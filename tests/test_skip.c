@@ -611,7 +611,7 @@ static void transparency(int n, int m, gp_checkpoint_mode ck, bool lockstep, gp_
     c.train.activations = act;
     int bal[8];
     int S = gpt_set_schedule(&c, kind, n, bal);
-    if (kind != GP_SCHEDULE_INTERLEAVED) balance_for(S, bal);
+    if (kind != GP_SCHEDULE_INTERLEAVED && kind != GP_SCHEDULE_ZB_V) balance_for(S, bal);
     c.pipeline.chunks = m;
     c.pipeline.checkpoint = ck;
     c.pipeline.lockstep = lockstep;
@@ -824,7 +824,8 @@ static void resnet_transparency(bool sanitized)
  * unsanitized build runs both grids in full. */
 static bool bf16_sampled(gp_schedule_kind kind, int n, int ck, int ls)
 {
-    return n == (kind == GP_SCHEDULE_INTERLEAVED ? 2 : 4) && ls == (ck + (int)kind) % 2;
+    bool two = kind == GP_SCHEDULE_INTERLEAVED || kind == GP_SCHEDULE_ZB_V;
+    return n == (two ? 2 : 4) && ls == (ck + (int)kind) % 2;
 }
 
 int main(void)
@@ -846,8 +847,11 @@ int main(void)
                 "the unsanitized and AddressSanitizer runs\n");
     resnet_transparency(sanitized);
     static const gp_schedule_kind kinds[] = {GP_SCHEDULE_GPIPE, GP_SCHEDULE_1F1B,
-                                             GP_SCHEDULE_ZB_H1, GP_SCHEDULE_INTERLEAVED};
-    for (int k = 0; k < 4; k++)
+                                             GP_SCHEDULE_ZB_H1, GP_SCHEDULE_INTERLEAVED,
+                                             GP_SCHEDULE_ZB_V};
+    /* zb-v: 2n stages in a V, so skips also join two stages of one device
+     * (stage 0's stash popped on stage 2n - 1) */
+    for (int k = 0; k < 5; k++)
         for (int n = 1; n <= 4; n++) {
             if (kinds[k] == GP_SCHEDULE_INTERLEAVED && n != 2) continue;
             for (int m = 1; m <= 4; m += 3) {
@@ -869,9 +873,10 @@ int main(void)
     if (thin && !sanitized)
         printf("test_skip: copy streams: the bf16 grids run a sample (every schedule and "
                "checkpoint mode on the most stages); test_skip runs them whole\n");
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < 5; k++)
         for (int n = 2; n <= 4; n++) {
-            if (kinds[k] == GP_SCHEDULE_INTERLEAVED && n != 2) continue;
+            if ((kinds[k] == GP_SCHEDULE_INTERLEAVED || kinds[k] == GP_SCHEDULE_ZB_V) && n != 2)
+                continue;
             for (int ck = 0; ck < 3; ck++)
                 for (int ls = 0; ls < 2; ls++) {
                     if (thin && !bf16_sampled(kinds[k], n, ck, ls)) continue;
@@ -884,9 +889,10 @@ int main(void)
      * oracle */
     act = GP_ACT_BF16;
     int before = failures;
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < 5; k++)
         for (int n = 2; n <= 4; n++) {
-            if (kinds[k] == GP_SCHEDULE_INTERLEAVED && n != 2) continue;
+            if ((kinds[k] == GP_SCHEDULE_INTERLEAVED || kinds[k] == GP_SCHEDULE_ZB_V) && n != 2)
+                continue;
             for (int ck = 0; ck < 3; ck++)
                 for (int ls = 0; ls < 2; ls++) {
                     if (thin ? !bf16_sampled(kinds[k], n, ck, ls) : ls == 0 && n != 4)

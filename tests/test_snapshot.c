@@ -2259,6 +2259,7 @@ int main(void)
         test_resume(2, "except_last", 1, "1f1b");
         test_resume(2, "never", 1, "zb-h1");
         test_resume(2, "except_last", 1, "interleaved");
+        test_resume(2, "always", 1, "zb-v");
         test_resume_deferred_copy();
         test_resume_bf16();
         test_resume_other_placement();

@@ -456,9 +456,13 @@ static void transparency(int n, int m, gp_checkpoint_mode ck, gp_schedule_kind k
      * instance norm and its leaky relu (the norm reads its own output
      * there, the relu's in place over it elsewhere: the same bits) */
     static const int b1[1] = {49}, b2[2] = {25, 24}, b3[3] = {10, 17, 22};
+    /* zb-v on 2 devices: 4 stages, the first and last on device 0, the
+     * skips crossing the V's turn and ending on the device they left */
+    static const int b4[4] = {10, 15, 12, 12};
     CHECK(c.model.layers[26].type == GP_LAYER_INSTANCE_NORM &&
           c.model.layers[26].leaky_after == 0.01f && c.model.layers[27].leaky_after == 0.0f);
-    const int *bal = n == 1 ? b1 : n == 2 ? b2 : b3;
+    const int *bal = kind == GP_SCHEDULE_ZB_V ? b4 : n == 1 ? b1 : n == 2 ? b2 : b3;
+    if (kind == GP_SCHEDULE_ZB_V) c.pipeline.virtual_stages = 2;
     c.pipeline.chunks = m;
     c.pipeline.checkpoint = ck;
     c.pipeline.schedule = kind;
@@ -607,6 +611,8 @@ int main(void)
                 transparency(n, m, (gp_checkpoint_mode)ck, GP_SCHEDULE_GPIPE, &failed);
     transparency(3, 4, GP_CKPT_EXCEPT_LAST, GP_SCHEDULE_1F1B, &failed);
     transparency(3, 4, GP_CKPT_NEVER, GP_SCHEDULE_ZB_H1, &failed);
+    transparency(2, 4, GP_CKPT_ALWAYS, GP_SCHEDULE_ZB_V, &failed);
+    transparency(2, 4, GP_CKPT_EXCEPT_LAST, GP_SCHEDULE_ZB_V, &failed);
     /* on bf16 storage (every U-Net layer with bf16 kernels of its own: the
      * norm before the third stage's boundary rounds its relu's output as
      * the relu in place stores it), 3 stages, m = 4, every checkpoint mode */

@@ -1,0 +1,107 @@
+#!/usr/bin/python3
+"""test_zb_v.py — pipeline.schedule: zb-v (issue 78) on the shipped language
+models, through gpipe-train as a user runs it: configs/tiny-gpt.yaml (GPT-2,
+tied embedding and head, AdamW, clipping) and configs/llama-tiny.yaml (tied,
+grouped-query attention), on synthetic tokens, a few steps of 4 micro-batches.
+
+  - 2 devices (4 stages in a V: device 0 holds the embedding's stage and the
+    head's, device 1 the two middle ones) with checkpointing always and
+    never, and 4 devices (8 stages) with except_last: every step's loss and
+    the exported weights (gpipe's format: no timestamps, the same weights
+    the same bytes) are the one-device run's, bit for bit;
+  - 2 replicas of 2 devices: the same bits as 1F1B on the same replicas
+    (both add each stage's micro-batches in order; the replicas' sum is the
+    all-reduce's, which differs from one device's order);
+  - the balance auto finds (gp_partition_solve_v over the profile) trains;
+  - --dry-run names the V: each device's two stages.
+
+Needs GPIPE_BINARY_DIR (set by CTest) and GPIPE_SOURCE_DIR.  Prints
+"test_zb_v: N passed, N failed" last.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from gpt_util import check, finish
+
+SRC = os.environ.get("GPIPE_SOURCE_DIR",
+                     os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.join(os.environ.get("GPIPE_BINARY_DIR", os.path.join(SRC, "build")),
+                   "gpipe-train")
+
+
+def train(tmp, name, cfg, sets):
+    """Losses per step and the exported weights' bytes of one run."""
+    metrics = os.path.join(tmp, name + ".jsonl")
+    weights = os.path.join(tmp, name + ".safetensors")
+    args = [BIN, os.path.join(SRC, cfg), "-q", "--metrics", metrics, "--export-weights", weights,
+            "--set", "data.dataset=synthetic", "--set", "train.steps=3",
+            "--set", "train.batch_size=8", "--set", "pipeline.chunks=4",
+            "--set", "train.snapshot.every_steps=0", "--set", "train.log_every=1",
+            "--set", "pipeline.threads=1"]  # (a product's sums follow its threads)
+    for s in sets:
+        args += ["--set", s]
+    r = subprocess.run(args, cwd=tmp, capture_output=True, text=True, errors="replace",
+                       timeout=600, stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        return None, None, r.stderr[-600:]
+    losses = [json.loads(l)["loss"] for l in open(metrics) if '"loss"' in l and '"step"' in l]
+    return losses, open(weights, "rb").read(), r.stderr
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="gpipe_zbv_")
+    try:
+        for cfg in ("configs/tiny-gpt.yaml", "configs/llama-tiny.yaml"):
+            tag = os.path.basename(cfg)
+            # (one device under 1f1b adds the micro-batches' gradients in
+            # their order, as zb-v does; gpipe's adds them last first)
+            ref, ref_w, err = train(tmp, "one", cfg, ["pipeline.devices=[cpu:0]",
+                                                      "pipeline.schedule=1f1b"])
+            check(ref is not None and len(ref) == 3, "%s on one device: %s" % (tag, err))
+            if ref is None:
+                continue
+            for devs, ck in ((2, "always"), (2, "never"), (4, "except_last")):
+                dl = "[" + ", ".join("cpu:%d" % d for d in range(devs)) + "]"
+                got, w, err = train(tmp, "zbv%d%s" % (devs, ck), cfg,
+                                    ["pipeline.devices=" + dl, "pipeline.schedule=zb-v",
+                                     "pipeline.checkpoint=" + ck])
+                check(got == ref and w == ref_w,
+                      "%s zb-v on %d devices, checkpoint %s: losses %r (one device %r), "
+                      "weights %s %s" % (tag, devs, ck, got, ref,
+                                         "same" if w == ref_w else "DIFFER", err))
+            # replicas: zb-v against 1f1b on the same 2 x 2 devices
+            rep = ["pipeline.devices=[cpu:0, cpu:1]", "pipeline.replicas=2"]
+            a, aw, ea = train(tmp, "rep1f1b", cfg, rep + ["pipeline.schedule=1f1b"])
+            b, bw, eb = train(tmp, "repzbv", cfg, rep + ["pipeline.schedule=zb-v"])
+            check(a is not None and a == b and aw == bw,
+                  "%s 2 replicas x 2 devices: zb-v %r, 1f1b %r %s %s" % (tag, b, a, ea, eb))
+            # balance: auto over the V
+            got, _, err = train(tmp, "auto", cfg, ["pipeline.devices=[cpu:0, cpu:1]",
+                                                   "pipeline.schedule=zb-v",
+                                                   "pipeline.balance=auto"])
+            check(got is not None and len(got) == 3, "%s zb-v balance auto: %s" % (tag, err))
+        # --dry-run says where each stage runs
+        r = subprocess.run([BIN, os.path.join(SRC, "configs/llama-tiny.yaml"), "--dry-run",
+                            "--set", "pipeline.schedule=zb-v"],
+                           cwd=tmp, capture_output=True, text=True, timeout=120)
+        out = r.stdout + r.stderr
+        check(r.returncode == 0 and "stage 0 on cpu:0" in out and "stage 1 on cpu:1" in out and
+              "stage 2 on cpu:1" in out and "stage 3 on cpu:0" in out and "stage 4" not in out,
+              "--dry-run places the V: %s" % out[-1500:])
+        r = subprocess.run([BIN, os.path.join(SRC, "configs/llama-tiny.yaml"), "--dry-run",
+                            "--set", "pipeline.schedule=zb-v", "--set", "pipeline.balance=[4, 3]"],
+                           cwd=tmp, capture_output=True, text=True, timeout=120)
+        check(r.returncode != 0 and "4 stages (2 devices x 2" in r.stderr,
+              "a balance of one entry per device refused, saying zb-v wants two: %s"
+              % r.stderr[-600:])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return finish("test_zb_v")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
