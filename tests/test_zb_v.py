@@ -13,7 +13,11 @@ grouped-query attention), on synthetic tokens, a few steps of 4 micro-batches.
     (both add each stage's micro-batches in order; the replicas' sum is the
     all-reduce's, which differs from one device's order);
   - the balance auto finds (gp_partition_solve_v over the profile) trains;
-  - --dry-run names the V: each device's two stages.
+  - --dry-run names the V: each device's two stages;
+  - every step's --metrics record has each device's busy and idle seconds
+    and the step's bubble (1 - busy / (n x the step's window)), and the run
+    ends saying its measured bubble beside the simulator's for the same
+    split from the cached profile (issue 78 item 4); one device, none.
 
 Needs GPIPE_BINARY_DIR (set by CTest) and GPIPE_SOURCE_DIR.  Prints
 "test_zb_v: N passed, N failed" last.
@@ -84,6 +88,35 @@ def main():
                                                    "pipeline.schedule=zb-v",
                                                    "pipeline.balance=auto"])
             check(got is not None and len(got) == 3, "%s zb-v balance auto: %s" % (tag, err))
+        # the bubble in every step's record, and beside the simulator's at the end
+        metrics = os.path.join(tmp, "bub.jsonl")
+        r = subprocess.run([BIN, os.path.join(SRC, "configs/llama-tiny.yaml"), "--metrics",
+                            metrics, "--set", "data.dataset=synthetic", "--set", "train.steps=3",
+                            "--set", "train.batch_size=8", "--set", "pipeline.chunks=4",
+                            "--set", "train.snapshot.every_steps=0", "--set",
+                            "pipeline.schedule=zb-v", "--set", "pipeline.balance=auto"],
+                           cwd=tmp, capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, GPIPE_PROFILE_CACHE=os.path.join(tmp, "cache")))
+        recs = [json.loads(l) for l in open(metrics)] if r.returncode == 0 else []
+        steps = [x for x in recs if "step" in x and "loss" in x]
+        ok = len(steps) == 3
+        for x in steps:
+            busy, idle, w = x.get("busy_seconds"), x.get("idle_seconds"), x.get("pipeline_seconds")
+            ok = ok and len(busy) == 2 and len(idle) == 2 and w > 0
+            ok = ok and all(0 <= b <= w + 1e-6 and abs(b + i - w) < 2e-6 for b, i in zip(busy, idle))
+            ok = ok and abs(x["bubble"] - (1 - sum(busy) / (2 * w))) < 2e-4
+        check(ok, "each step's record: busy, idle and the bubble of its window: %r" % steps[:1])
+        check(r.returncode == 0 and "pipeline bubble" in r.stderr and
+              "the simulator's for this split, from the cached profile" in r.stderr,
+              "the end of the run: the measured bubble beside the simulator's: %s"
+              % r.stderr[-800:])
+        r = subprocess.run([BIN, os.path.join(SRC, "configs/llama-tiny.yaml"), "--set",
+                            "data.dataset=synthetic", "--set", "train.steps=2", "--set",
+                            "train.batch_size=8", "--set", "train.snapshot.every_steps=0",
+                            "--set", "pipeline.devices=[cpu:0]"],
+                           cwd=tmp, capture_output=True, text=True, timeout=600)
+        check(r.returncode == 0 and "pipeline bubble" not in r.stderr,
+              "one device: no bubble said: %s" % r.stderr[-400:])
         # --dry-run says where each stage runs
         r = subprocess.run([BIN, os.path.join(SRC, "configs/llama-tiny.yaml"), "--dry-run",
                             "--set", "pipeline.schedule=zb-v"],

@@ -427,23 +427,46 @@ gp_status gp_balance_plan(const gp_profile *p, const gp_plan_opts *o, int *balan
     gp_partition_problem pb = {.L = p->L, .n = o->n, .cost = plan_cost, .mem = plan_mem,
                                .capacity = o->capacity, .arg = &c, .layer_name = plan_name};
     gp_status s;
+    int v = o->virtual_stages;
+    bool refine = v > 1 && o->n % v == 0 && o->by != GP_BALANCE_BY_SIZE && p->timed;
     if (o->v_shape && o->n % 2 == 0) {
-        /* zb-v: the exact min-max over the devices, each running its two
-         * stages and holding what both hold within its whole memory */
-        int nd = o->n / 2;
+        /* zb-v, two candidates, each refined against the simulated step,
+         * the shorter kept: the exact min-max over the devices
+         * (gp_partition_solve_v: each device runs its two stages and holds
+         * what both hold within its whole memory), and the min-max over the
+         * 2n stages (each within half its device's memory).  The first
+         * alone can leave a device's time in one of its stages (bench/
+         * mlp.yaml on 2 devices: [2, 1, 6, 7], devices even, stages 0.4
+         * to 3 linear layers each), which the schedule's pattern, made
+         * for stages of equal time, runs with a bubble; the second evens
+         * the stages but not the devices' sums. */
+        int nd = o->n / 2, alt[GP_MAX_DEVICES];
         double dcap[GP_MAX_DEVICES];
         for (int d = 0; d < nd; d++)
             dcap[d] = o->capacity[d] > 0 && o->capacity[o->n - 1 - d] > 0
                           ? o->capacity[d] + o->capacity[o->n - 1 - d] : 0;
-        pb.n = nd;
-        pb.capacity = dcap;
-        s = gp_partition_solve_v(&pb, balance, NULL);
+        gp_partition_problem pv = pb;
+        pv.n = nd;
+        pv.capacity = dcap;
+        s = gp_partition_solve_v(&pv, balance, NULL);
+        gp_status s2 = gp_partition_solve(&pb, alt, NULL, NULL);
+        if (s != GP_OK && s2 == GP_OK) { /* (stage capacities are the stricter) */
+            gp_error_clear();
+            memcpy(balance, alt, (size_t)o->n * sizeof *balance);
+            s = GP_OK;
+        } else if (s == GP_OK && s2 == GP_OK && refine) {
+            refine_interleaved(&c, balance);
+            refine_interleaved(&c, alt);
+            if (refine_step(&c, alt, false, NULL, NULL) < refine_step(&c, balance, false, NULL,
+                                                                      NULL))
+                memcpy(balance, alt, (size_t)o->n * sizeof *balance);
+            refine = false;
+        }
+        if (s == GP_OK) gp_error_clear(); /* (a candidate that did not fit) */
     } else {
         s = gp_partition_solve(&pb, balance, NULL, NULL);
     }
-    int v = o->virtual_stages;
-    if (s == GP_OK && v > 1 && o->n % v == 0 && o->by != GP_BALANCE_BY_SIZE && p->timed)
-        refine_interleaved(&c, balance);
+    if (s == GP_OK && refine) refine_interleaved(&c, balance);
     plan_close(&c);
     return s;
 }

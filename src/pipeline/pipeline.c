@@ -2460,6 +2460,30 @@ static void tune_order(gp_pipeline *p)
     p->sched_stale = true;
 }
 
+/* The step's busy time per device and its window (gp_pipeline_out):
+ * from the workers' event records. */
+static gp_status step_busy(gp_pipeline *p, double *busy, double *window)
+{
+    double lo = INFINITY, hi = -INFINITY;
+    for (int d = 0; d < p->n; d++) {
+        const worker *w = &p->workers[d];
+        for (int e = 0; e < w->n_events; e++) {
+            const gp_event_rec *ev = &w->events[e];
+            if (ev->t0 < lo) lo = ev->t0;
+            if (ev->t1 > hi) hi = ev->t1;
+            if (!ev->is_wait && ev->kind != GP_INSTR_BARRIER) busy[d] += ev->t1 - ev->t0;
+        }
+    }
+    *window = hi > lo ? hi - lo : 0;
+    if (p->local >= 0) { /* this rank's device only: the others' from their ranks */
+        int ranks = gp_procs_size(), reps = ranks >= p->n ? ranks / p->n : 1;
+        GP_TRY(gp_procs_sum_doubles(busy, p->n));
+        for (int d = 0; d < p->n; d++) busy[d] /= reps;
+        GP_TRY(gp_procs_max_doubles(window, 1));
+    }
+    return GP_OK;
+}
+
 gp_status gp_pipeline_step_end(gp_pipeline *p, gp_pipeline_out *out)
 {
     GP_ASSERT(p->running);
@@ -2487,12 +2511,19 @@ gp_status gp_pipeline_step_end(gp_pipeline *p, gp_pipeline_out *out)
         correct = (int64_t)v[1];
         count = (int64_t)v[2];
     }
+    double busy[GP_MAX_DEVICES] = {0}, window = 0;
+    GP_TRY(step_busy(p, busy, &window));
     if (out) {
         out->loss_sum = loss;
         out->correct = correct;
         out->count = count;
         out->seconds = gp_now() - p->t_begin;
         out->grad_norm = p->grad_norm;
+        out->n = p->n;
+        out->window = window;
+        double sum = 0;
+        for (int d = 0; d < p->n; d++) sum += out->busy[d] = busy[d];
+        out->bubble = window > 0 ? 1.0 - sum / ((double)p->n * window) : 0;
     }
     return GP_OK;
 }

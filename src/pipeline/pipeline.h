@@ -126,6 +126,18 @@ typedef struct gp_pipeline_out {
     double seconds;             /* wall time of the step */
     double grad_norm;           /* with clip_norm: the gradients' global L2 norm
                                    before clipping; NaN without */
+    /* The bubble, as scripts/timeline.py measures it: window, the step's
+     * wall time from the first start of work on any device to the last
+     * end (end-of-step work included); busy[d], the time device d worked
+     * in it (computing, copying, reducing, updating; not waiting for a
+     * copy's source nor at the barrier); bubble = 1 - sum busy / (n
+     * window).  Under mpirun each rank's own window, the longest taken,
+     * and its device's busy time summed over the ranks (replicas: their
+     * mean). */
+    int n;                      /* devices */
+    double window;
+    double busy[GP_MAX_DEVICES];
+    double bubble;
 } gp_pipeline_out;
 
 /* Stage j runs layers[first_j .. first_j + balance[j]) on devs[j], for n

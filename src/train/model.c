@@ -516,6 +516,40 @@ static bool make_parent(const char *path)
     return mkdir(d, 0755) == 0 || errno == EEXIST;
 }
 
+/* The cached profile of cfg's model at path, checked as any input is
+ * (issue 77); an error where it is unusable. */
+static gp_status cached_profile(const gp_config *cfg, const gp_profile_opts *po,
+                                const char *path, gp_profile *prof)
+{
+    gp_status s = gp_profile_load(path, prof);
+    if (s == GP_OK)
+        s = gp_profile_check_model(prof, path, cfg->model.layers, cfg->model.n_layers,
+                                   cfg->model.input);
+    if (s == GP_OK && (prof->n_sizes != 1 || prof->sizes[0] != po->sizes[0] || !prof->timed))
+        s = gp_error_set(GP_ERR_INVALID, "another micro-batch size");
+    if (s != GP_OK) {
+        gp_profile_free(prof);
+        return s;
+    }
+    prof->bf16_copies = gp_config_bf16_copies(cfg);
+    prof->act_dtype = (int)gp_config_act_dtype(cfg);
+    return GP_OK;
+}
+
+gp_status gp_model_profile_cached(const gp_config *cfg, gp_profile *prof, bool *found)
+{
+    *found = false;
+    gp_model_profile_opts mo = {.warmup = 1, .reps = 3, .timed = true};
+    gp_profile_opts po;
+    model_profile_opts(cfg, &mo, &po);
+    char path[1200];
+    if (!profile_cache_path(cfg, &po, path, sizeof path) || access(path, F_OK) != 0)
+        return GP_OK;
+    GP_TRY(cached_profile(cfg, &po, path, prof));
+    *found = true;
+    return GP_OK;
+}
+
 /* balance: auto's profile: the cached one where it fits this run, else
  * taken (and kept for the next run). */
 static gp_status balance_profile(const gp_config *cfg, bool quiet, gp_profile *prof)
@@ -526,15 +560,8 @@ static gp_status balance_profile(const gp_config *cfg, bool quiet, gp_profile *p
     char path[1200];
     bool cache = profile_cache_path(cfg, &po, path, sizeof path);
     if (cache && access(path, F_OK) == 0) {
-        gp_status s = gp_profile_load(path, prof);
-        if (s == GP_OK)
-            s = gp_profile_check_model(prof, path, cfg->model.layers, cfg->model.n_layers,
-                                       cfg->model.input);
-        if (s == GP_OK && (prof->n_sizes != 1 || prof->sizes[0] != po.sizes[0] || !prof->timed))
-            s = gp_error_set(GP_ERR_INVALID, "another micro-batch size");
+        gp_status s = cached_profile(cfg, &po, path, prof);
         if (s == GP_OK) {
-            prof->bf16_copies = gp_config_bf16_copies(cfg);
-            prof->act_dtype = (int)gp_config_act_dtype(cfg);
             if (!quiet)
                 GP_INFO("balance: the profile of this model, batch, device and build from the "
                         "cache (%s; GPIPE_PROFILE_CACHE=off profiles afresh)", path);
@@ -547,7 +574,6 @@ static gp_status balance_profile(const gp_config *cfg, bool quiet, gp_profile *p
         GP_WARN("balance: the cached profile %s is not usable (%s); profiling again, and it "
                 "will be replaced", path, gp_last_error());
         gp_error_clear();
-        gp_profile_free(prof);
     }
     GP_TRY(gp_model_profile(cfg, &mo, prof));
     if (cache) {
@@ -703,8 +729,17 @@ gp_status gp_model_pipeline_step_one(gp_model *m, const gp_config *cfg, const fl
     if (st) {
         *st = gp_step_stats_of(po.loss_sum, po.correct, po.count, n, lr, po.seconds, 0);
         st->grad_norm = po.grad_norm;
+        gp_step_stats_bubble(st, &po);
     }
     return GP_OK;
+}
+
+void gp_step_stats_bubble(gp_step_stats *st, const gp_pipeline_out *po)
+{
+    st->n_devices = po->n;
+    st->window = po->window;
+    st->bubble = po->bubble;
+    for (int d = 0; d < po->n; d++) st->busy[d] = po->busy[d];
 }
 
 /* Upload samples [first, first+n) of a host batch to device tensors: the

@@ -230,6 +230,7 @@ static gp_status process_replica_step(gp_model *m, const gp_config *cfg, const f
     if (st) {
         *st = gp_step_stats_of(po.loss_sum, po.correct, po.count, n, lr, po.seconds, comm);
         st->grad_norm = po.grad_norm;
+        gp_step_stats_bubble(st, &po);
     }
     return GP_OK;
 }

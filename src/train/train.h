@@ -213,6 +213,10 @@ typedef struct gp_model_profile_opts {
 } gp_model_profile_opts;
 gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
                            struct gp_profile *out);
+/* balance: auto's cached profile of cfg's model, batch, device and build
+ * (*found false where none is kept; an error where the entry is unusable),
+ * without profiling. */
+gp_status gp_model_profile_cached(const gp_config *cfg, struct gp_profile *out, bool *found);
 /* Planning options from the config for n devices: chunks, checkpoint mode,
  * each device's capacity, by time. */
 void gp_model_plan_opts(const gp_config *cfg, int n, struct gp_plan_opts *o);
@@ -235,7 +239,16 @@ typedef struct gp_step_stats {
                                  (the loader fell behind); set by the trainer */
     int64_t bad_files;     /* files skipped so far (data.on_bad_file: skip);
                               -1 = not skipping */
+    /* a pipeline's step (gp_pipeline_out): devices (0: one device, no
+     * pipeline), each one's busy time, the step's window and its bubble */
+    int n_devices;
+    double busy[GP_MAX_DEVICES];
+    double window;
+    double bubble;
 } gp_step_stats;
+
+/* The bubble of a pipeline's step into st (gp_step_stats.n_devices ...). */
+void gp_step_stats_bubble(gp_step_stats *st, const gp_pipeline_out *po);
 
 /* The statistics of a step over n samples with `count` targets in all (n
  * for cross-entropy, n x output elements for binary cross-entropy): the
@@ -397,6 +410,13 @@ typedef struct gp_train_result {
     double test_accuracy;
     double seconds;
     size_t peak_bytes;         /* device peak */
+    /* a pipeline's bubble over the run's steps but its first (which
+     * allocates and warms up): 1 - their summed busy time over n x their
+     * summed windows (gp_pipeline_out); NaN on one device or with one step.
+     * bubble_simulated: gp_simulate_schedule's for the same schedule,
+     * balance and micro-batches from the cached profile of this model
+     * (balance: auto's, gpipe-balance's), NaN where there is none. */
+    double bubble, bubble_simulated;
     int stop_signal;           /* *opts->stop when the run stopped on it, else 0 */
     bool failed_alike;         /* processes: the error is every rank's alike (a step every
                                   rank refused before its update), so one rank may say it */

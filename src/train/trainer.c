@@ -6,6 +6,7 @@
  * "the training loop" below maps gp_train_run, step by step.
  */
 #include "train/train.h"
+#include "balance/balance.h" /* the simulator, beside the measured bubble */
 #include "train/snapshot.h"
 #include "train/tensorboard.h"
 #include "trace/trace.h"
@@ -37,6 +38,17 @@ void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch
     if (st->bad_files >= 0) gp_json_put_int(w, "bad_files", st->bad_files);
     if (isfinite(st->grad_norm)) gp_json_put_num(w, "grad_norm", st->grad_norm); /* clipping */
     if (data_parallel) gp_json_put_fixed(w, "allreduce_seconds", st->allreduce_seconds, 6);
+    if (st->n_devices > 1) { /* a pipeline's step: its bubble (gp_pipeline_out) */
+        gp_json_put_fixed(w, "bubble", st->bubble, 4);
+        gp_json_put_fixed(w, "pipeline_seconds", st->window, 6);
+        gp_json_open_array(w, "busy_seconds");
+        for (int d = 0; d < st->n_devices; d++) gp_json_put_fixed(w, NULL, st->busy[d], 6);
+        gp_json_close(w);
+        gp_json_open_array(w, "idle_seconds");
+        for (int d = 0; d < st->n_devices; d++)
+            gp_json_put_fixed(w, NULL, st->window - st->busy[d], 6);
+        gp_json_close(w);
+    }
     gp_json_open_array(w, "devices");
     for (int j = 0; j < n_dev; j++) {
         gp_allocator a;
@@ -1129,6 +1141,10 @@ typedef struct train_run {
     double t_start;             /* gp_now() when the first step began */
     int64_t run_first, run_last; /* the steps this run took (-1: none) */
     int64_t fail_step;          /* GPIPE_TEST_FAIL_STEP (tests/test_snapshot.c), or -1 */
+    /* the bubble (gp_train_result.bubble): summed over the steps after the
+     * run's first */
+    double bub_busy, bub_window;
+    int64_t bub_steps;
 } train_run;
 
 /* One step's batch, and what taking it measured. */
@@ -1718,6 +1734,11 @@ static gp_status take_step(train_run *r, train_step *t)
     res->final_lr = t->lr;
     res->final_seconds = t->st.seconds;
     res->final_grad_norm = t->st.grad_norm;
+    if (t->st.n_devices > 1 && step > r->first_step) { /* (the run's first step warms up) */
+        for (int d = 0; d < t->st.n_devices; d++) r->bub_busy += t->st.busy[d];
+        r->bub_window += (double)t->st.n_devices * t->st.window;
+        r->bub_steps++;
+    }
     t->st.data_wait_seconds = t->waited;
     t->st.bad_files = r->cfg->data.skip_bad_files ? gp_loader_bad_files(r->loader) : -1;
     /* Between steps, the pipeline drained: the loader's next batch is the
@@ -1981,6 +2002,44 @@ static void report_peaks(train_run *r)
     }
 }
 
+/* The run's measured bubble, and the simulator's for the same schedule,
+ * split and micro-batches where a profile of this model is cached
+ * (issue 78: what the plan promised beside what the run got). */
+static void report_bubble(train_run *r)
+{
+    gp_train_result *res = r->res;
+    res->bubble = res->bubble_simulated = NAN;
+    if (r->bub_steps < 1 || r->bub_window <= 0) return;
+    res->bubble = 1.0 - r->bub_busy / r->bub_window;
+    const gp_config *cfg = r->cfg;
+    const gp_model *m = r->mp;
+    gp_profile prof;
+    bool found = false;
+    if (gp_model_profile_cached(cfg, &prof, &found) == GP_OK && found) {
+        gp_sim_result sim;
+        if (gp_simulate_schedule(&prof, cfg->pipeline.schedule, m->n_devices,
+                                 m->n_stages / m->n_devices, m->balance, cfg->pipeline.chunks,
+                                 cfg->pipeline.checkpoint, cfg->pipeline.lockstep, NULL,
+                                 &sim) == GP_OK)
+            res->bubble_simulated = sim.bubble;
+        gp_profile_free(&prof);
+    }
+    gp_error_clear();
+    if (r->opts->quiet) return;
+    if (isfinite(res->bubble_simulated))
+        GP_INFO("pipeline bubble %.1f%% over %lld step%s (schedule %s, %d micro-batches); the "
+                "simulator's for this split, from the cached profile: %.1f%%",
+                100 * res->bubble, (long long)r->bub_steps, r->bub_steps == 1 ? "" : "s",
+                gp_schedule_kind_name(cfg->pipeline.schedule), cfg->pipeline.chunks,
+                100 * res->bubble_simulated);
+    else
+        GP_INFO("pipeline bubble %.1f%% over %lld step%s (schedule %s, %d micro-batches); no "
+                "profile of this model is cached to simulate it (balance: auto or "
+                "gpipe-balance takes one)", 100 * res->bubble, (long long)r->bub_steps,
+                r->bub_steps == 1 ? "" : "s", gp_schedule_kind_name(cfg->pipeline.schedule),
+                cfg->pipeline.chunks);
+}
+
 /* After the last step: its snapshot on disk, the export, a stop asked
  * meanwhile, the final evaluation and the memory report. */
 static gp_status run_finish(train_run *r)
@@ -1995,6 +2054,7 @@ static gp_status run_finish(train_run *r)
     if ((s = final_evaluation(r)) != GP_OK) return s;
     r->res->seconds = gp_now() - r->t_start;
     report_peaks(r);
+    report_bubble(r);
     return GP_OK;
 }
 
