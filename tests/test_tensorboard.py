@@ -64,7 +64,8 @@ def check(ok, what):
 TOP = {"loss": "train/loss", "accuracy": "train/accuracy", "grad_norm": "train/grad_norm",
        "samples_per_s": "throughput/samples_per_s", "step_seconds": "time/step_seconds",
        "data_wait_seconds": "time/data_wait_seconds",
-       "allreduce_seconds": "time/allreduce_seconds", "bad_files": "data/bad_files"}
+       "allreduce_seconds": "time/allreduce_seconds", "bad_files": "data/bad_files",
+       "bubble": "pipeline/bubble", "pipeline_seconds": "time/pipeline_seconds"}
 
 
 def f32(v):
@@ -88,6 +89,8 @@ def expected(metrics_path):
                             if dk == "name":
                                 continue
                             tag = ("%s/%s" % (dk, d["name"]) if dk in ("host_waits", "launches")
+                                   else "pipeline/%s/%s" % (d["name"], dk)
+                                   if dk in ("busy_seconds", "idle_seconds")
                                    else "memory/%s/%s" % (d["name"], dk))
                             pairs.append((tag, dv))
                 elif rec.get("eval"):

@@ -101,8 +101,10 @@ def main():
         steps = [x for x in recs if "step" in x and "loss" in x]
         ok = len(steps) == 3
         for x in steps:
-            busy, idle, w = x.get("busy_seconds"), x.get("idle_seconds"), x.get("pipeline_seconds")
-            ok = ok and len(busy) == 2 and len(idle) == 2 and w > 0
+            w = x.get("pipeline_seconds")
+            busy = [d.get("busy_seconds") for d in x["devices"]]
+            idle = [d.get("idle_seconds") for d in x["devices"]]
+            ok = ok and len(busy) == 2 and None not in busy + idle and w > 0
             ok = ok and all(0 <= b <= w + 1e-6 and abs(b + i - w) < 2e-6 for b, i in zip(busy, idle))
             ok = ok and abs(x["bubble"] - (1 - sum(busy) / (2 * w))) < 2e-4
         check(ok, "each step's record: busy, idle and the bubble of its window: %r" % steps[:1])

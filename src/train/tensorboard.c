@@ -177,7 +177,8 @@ static void top_tag(const char *key, bool eval, char *tag, size_t cap)
         {"loss", "train/loss"}, {"accuracy", "train/accuracy"},
         {"grad_norm", "train/grad_norm"}, {"samples_per_s", "throughput/samples_per_s"},
         {"step_seconds", "time/step_seconds"}, {"data_wait_seconds", "time/data_wait_seconds"},
-        {"allreduce_seconds", "time/allreduce_seconds"}, {"bad_files", "data/bad_files"}};
+        {"allreduce_seconds", "time/allreduce_seconds"}, {"bad_files", "data/bad_files"},
+        {"bubble", "pipeline/bubble"}, {"pipeline_seconds", "time/pipeline_seconds"}};
     if (eval) { /* an evaluation's every value is test/...: its epoch is not the step's */
         snprintf(tag, cap, "test/%s", strncmp(key, "test_", 5) ? key : key + 5);
         return;
@@ -208,6 +209,8 @@ static void device_scalars(scalars *s, const gp_json_value *devs)
             char tag[400];
             if (!strcmp(d->keys[k], "host_waits") || !strcmp(d->keys[k], "launches"))
                 snprintf(tag, sizeof tag, "%s/%s", d->keys[k], name);
+            else if (!strcmp(d->keys[k], "busy_seconds") || !strcmp(d->keys[k], "idle_seconds"))
+                snprintf(tag, sizeof tag, "pipeline/%s/%s", name, d->keys[k]);
             else
                 snprintf(tag, sizeof tag, "memory/%s/%s", name, d->keys[k]);
             add(s, tag, &d->items[k]);

@@ -41,13 +41,6 @@ void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch
     if (st->n_devices > 1) { /* a pipeline's step: its bubble (gp_pipeline_out) */
         gp_json_put_fixed(w, "bubble", st->bubble, 4);
         gp_json_put_fixed(w, "pipeline_seconds", st->window, 6);
-        gp_json_open_array(w, "busy_seconds");
-        for (int d = 0; d < st->n_devices; d++) gp_json_put_fixed(w, NULL, st->busy[d], 6);
-        gp_json_close(w);
-        gp_json_open_array(w, "idle_seconds");
-        for (int d = 0; d < st->n_devices; d++)
-            gp_json_put_fixed(w, NULL, st->window - st->busy[d], 6);
-        gp_json_close(w);
     }
     gp_json_open_array(w, "devices");
     for (int j = 0; j < n_dev; j++) {
@@ -57,6 +50,10 @@ void gp_train_metrics_step(struct gp_json_writer *w, int64_t step, int64_t epoch
         gp_json_put_str(w, "name", devs[j]->name);
         gp_json_put_uint(w, "peak_bytes", a.peak);
         gp_json_put_uint(w, "current_bytes", a.current);
+        if (st->n_devices > 1 && j < st->n_devices) { /* (the first replica's pipeline) */
+            gp_json_put_fixed(w, "busy_seconds", st->busy[j], 6);
+            gp_json_put_fixed(w, "idle_seconds", st->window - st->busy[j], 6);
+        }
         if (counts && counts[j].host_waits >= 0) {
             gp_json_put_int(w, "host_waits", counts[j].host_waits);
             gp_json_put_int(w, "launches", counts[j].launches);
