@@ -46,6 +46,10 @@ static void usage(FILE *f)
           "                     pipeline section (devices, chunks, checkpoint, schedule)\n"
           "                     filled in, and the other --set overrides written in;\n"
           "                     checked by loading it\n"
+          "  --write-schedule F write the schedule as PyTorch's per-rank action CSV\n"
+          "                     (torch.distributed.pipelining's _dump_csv: 0F1, 1I0, 1W0,\n"
+          "                     0SEND_F1, ...): --simulate's recommendation, else the\n"
+          "                     config's schedule; pipeline.schedule: {file: F} runs it\n"
           "  --profile-out F    save the profile as JSON\n"
           "  --profile-in F     use a saved profile instead of profiling\n"
           "  --reps R           timed runs per measurement, median taken (default 5;\n"
@@ -134,10 +138,12 @@ static gp_status write_config(const char *out_path, const gp_config *cfg, const 
     int v = gp_model_virtual(cfg), stages = pc->n_devices * v;
     fputs("]\n  balance: [", o);
     for (int j = 0; j < stages; j++) fprintf(o, "%s%d", j ? ", " : "", balance[j]);
-    fprintf(o, "]\n  chunks: %d\n  checkpoint: %s\n  lockstep: %s\n  schedule: %s\n",
-            pc->chunks, gp_checkpoint_mode_name(pc->checkpoint), pc->lockstep ? "true" : "false",
-            gp_schedule_kind_name(pc->schedule));
-    if (v > 1 && pc->schedule != GP_SCHEDULE_ZB_V) fprintf(o, "  virtual: %d\n", v);
+    bool file = pc->schedule == GP_SCHEDULE_FILE || pc->schedule == GP_SCHEDULE_FILE_V;
+    fprintf(o, "]\n  chunks: %d\n  checkpoint: %s\n  lockstep: %s\n", pc->chunks,
+            gp_checkpoint_mode_name(pc->checkpoint), pc->lockstep ? "true" : "false");
+    if (file) fprintf(o, "  schedule: {file: \"%s\"}\n", pc->schedule_path);
+    else fprintf(o, "  schedule: %s\n", gp_schedule_kind_name(pc->schedule));
+    if (v > 1 && pc->schedule == GP_SCHEDULE_INTERLEAVED) fprintf(o, "  virtual: %d\n", v);
     if (pc->threads) fprintf(o, "  threads: %d\n", pc->threads);
     char sz[32];
     if (pc->memory) fprintf(o, "  memory: %s\n", yaml_size(pc->memory, sz, sizeof sz));
@@ -211,12 +217,13 @@ static gp_status check_profile_sizes(const gp_profile *p, const char *path, int6
  * name the other's file: one would be lost (as gpipe-train refuses a
  * --metrics or --trace that names its config). */
 static gp_status check_outputs(const char *write_path, const char *prof_out, const char *config,
-                               const char *prof_in)
+                               const char *prof_in, const char *sched_out)
 {
     const struct {
         const char *path, *opt;
-    } outs[2] = {{write_path, "--write"}, {prof_out, "--profile-out"}};
-    for (int q = 0; q < 2; q++) {
+    } outs[3] = {{write_path, "--write"}, {prof_out, "--profile-out"},
+                 {sched_out, "--write-schedule"}};
+    for (int q = 0; q < 3; q++) {
         const char *o = outs[q].path;
         if (!o) continue;
         if (gp_same_file(o, config))
@@ -226,13 +233,36 @@ static gp_status check_outputs(const char *write_path, const char *prof_out, con
             return gp_error_set(GP_ERR_INVALID, "%s %s is the --profile-in it reads: give the "
                                 "output another name", outs[q].opt, o);
     }
-    if (write_path && prof_out && gp_same_file(write_path, prof_out))
-        return gp_error_set(GP_ERR_INVALID, "--write and --profile-out name the same file (%s): "
-                            "give each its own", write_path);
-    /* (both written beside and renamed over) */
-    if (write_path) GP_TRY(gp_check_writable_file(write_path, "--write", true));
-    if (prof_out) GP_TRY(gp_check_writable_file(prof_out, "--profile-out", true));
+    for (int a = 0; a < 3; a++)
+        for (int b = a + 1; b < 3; b++)
+            if (outs[a].path && outs[b].path && gp_same_file(outs[a].path, outs[b].path))
+                return gp_error_set(GP_ERR_INVALID, "%s and %s name the same file (%s): give "
+                                    "each its own", outs[a].opt, outs[b].opt, outs[a].path);
+    /* (all written beside and renamed over) */
+    for (int q = 0; q < 3; q++)
+        if (outs[q].path) GP_TRY(gp_check_writable_file(outs[q].path, outs[q].opt, true));
     return GP_OK;
+}
+
+/* --write-schedule: schedule `kind` (v stages per device) for n devices and
+ * m micro-batches as PyTorch's per-rank action CSV (gp_schedule_write_csv),
+ * which pipeline.schedule: {file: PATH} runs and PyTorch's _load_csv
+ * reads. */
+static gp_status write_schedule(const char *path, const gp_config *cfg, gp_schedule_kind kind,
+                                int n, int v, int m, gp_checkpoint_mode ck)
+{
+    gp_schedule_opts so = {.kind = kind, .n = n, .m = m, .virtual_stages = v, .checkpoint = ck,
+                           .replicas = 1, .update = true, .check = true,
+                           .file = cfg->pipeline.schedule_file};
+    gp_schedule sc;
+    GP_TRY(gp_schedule_make(&so, &sc));
+    gp_status s = gp_schedule_write_csv(&sc, path);
+    gp_schedule_free(&sc);
+    if (s == GP_OK)
+        printf("\nwrote %s: schedule %s, %d devices x %d stage%s, %d micro-batches (pipeline."
+               "schedule: {file: %s} runs it)\n", path, gp_schedule_kind_name(kind), n, v,
+               v == 1 ? "" : "s", m, path);
+    return s;
 }
 
 /* One shell word, quoted where the shell would split or expand it. */
@@ -250,7 +280,8 @@ static void print_word(const char *w)
 
 /* The options that take a value, as "--opt VALUE" or "--opt=VALUE". */
 static const char *const k_valued[] = {"--devices", "--chunks", "--by", "--write",
-                                       "--profile-out", "--profile-in", "--set", "--reps"};
+                                       "--profile-out", "--profile-in", "--set", "--reps",
+                                       "--write-schedule"};
 
 /* Argument a as an option taking a value: its name into opt ("--devices"),
  * and its value when written "--devices=4" (else NULL: the next argument,
@@ -290,7 +321,7 @@ static void print_hint(int argc, char **argv, int n, int m, const char *sched, i
          * checkpoint and virtual: ours replace them (a virtual left over
          * from an interleaved config would refuse the schedule recommended) */
         if (!strcmp(opt, "--devices") || !strcmp(opt, "--chunks") || !strcmp(opt, "--write") ||
-            !strcmp(opt, "--profile-out") ||
+            !strcmp(opt, "--profile-out") || !strcmp(opt, "--write-schedule") ||
             (!strcmp(opt, "--set") && v &&
              (!strncmp(v, "pipeline.schedule=", 18) || !strncmp(v, "pipeline.virtual=", 17) ||
               !strncmp(v, "pipeline.checkpoint=", 20)))) {
@@ -349,6 +380,7 @@ static void print_balance(const char *title, const gp_profile *p, const gp_plan_
 int main(int argc, char **argv)
 {
     const char *config = NULL, *write_path = NULL, *prof_out = NULL, *prof_in = NULL;
+    const char *sched_out = NULL;
     int devices = 0, chunks = 0, simulate = 0, reps = 5;
     gp_balance_by by = GP_BALANCE_BY_TIME;
     const char **sets = calloc((size_t)argc + 4, sizeof *sets);
@@ -377,7 +409,8 @@ int main(int argc, char **argv)
             simulate = 1;
         } else if (!strcmp(a, "--devices") || !strcmp(a, "--chunks") || !strcmp(a, "--by") ||
                    !strcmp(a, "--write") || !strcmp(a, "--profile-out") ||
-                   !strcmp(a, "--profile-in") || !strcmp(a, "--set") || !strcmp(a, "--reps")) {
+                   !strcmp(a, "--profile-in") || !strcmp(a, "--set") || !strcmp(a, "--reps") ||
+                   !strcmp(a, "--write-schedule")) {
             if (!inline_v && i + 1 >= argc) {
                 fprintf(stderr, "gpipe-balance: %s needs a value; see --help\n", a);
                 free(sets);
@@ -418,6 +451,7 @@ int main(int argc, char **argv)
                     return EXIT_USAGE;
                 }
             } else if (!strcmp(a, "--write")) write_path = v;
+            else if (!strcmp(a, "--write-schedule")) sched_out = v;
             else if (!strcmp(a, "--profile-out")) prof_out = v;
             else if (!strcmp(a, "--profile-in")) prof_in = v;
             else sets[n_sets++] = v;
@@ -451,7 +485,8 @@ int main(int argc, char **argv)
     /* its own notes and warnings on stderr follow GPIPE_LOG as the
      * library's do (-q: neither) */
     const bool notes = gp_log_enabled(GP_LOG_INFO), warns = gp_log_enabled(GP_LOG_WARN);
-    gp_status cs = config ? check_outputs(write_path, prof_out, config, prof_in) : GP_OK;
+    gp_status cs = config ? check_outputs(write_path, prof_out, config, prof_in, sched_out)
+                          : GP_OK;
     if (cs != GP_OK) {
         fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());
         free(sets);
@@ -743,6 +778,10 @@ int main(int argc, char **argv)
     }
 
     /* ---- the simulator ---- */
+    struct sim_pick {
+        int kind, v, m;
+        gp_checkpoint_mode ck;
+    } sim_pick = {-1, 1, 1, GP_CKPT_NEVER}; /* what --write-schedule writes, if any */
     if (s == GP_OK && simulate && prof.timed) {
         printf("\nsimulated steps with this balance (%s%s):\n",
                cfg.pipeline.lockstep ? "lockstep" : "free-running",
@@ -829,6 +868,9 @@ int main(int argc, char **argv)
                 }
         }
         int pick = s == GP_OK ? gp_sim_recommend_memory(r, cnt) : -1;
+        if (pick >= 0)
+            sim_pick = (struct sim_pick){r[pick].schedule, r[pick].v, r[pick].m,
+                                         r[pick].checkpoint};
         char b1[32];
         if (pick >= 0) {
             bool ik = r[pick].schedule == GP_SCHEDULE_INTERLEAVED;
@@ -855,6 +897,14 @@ int main(int argc, char **argv)
                              "memory either; raise pipeline.memory or add devices");
         else if (s == GP_OK)
             printf("no schedule, checkpoint mode and m fits device memory\n");
+    }
+    if (s == GP_OK && sched_out) {
+        if (sim_pick.kind >= 0)
+            s = write_schedule(sched_out, &cfg, (gp_schedule_kind)sim_pick.kind, n, sim_pick.v,
+                               sim_pick.m, sim_pick.ck);
+        else
+            s = write_schedule(sched_out, &cfg, cfg.pipeline.schedule, n, v, m,
+                               cfg.pipeline.checkpoint);
     }
     if (s == GP_OK && write_path && !own_fits)
         s = gp_error_set(GP_ERR_INVALID, "not writing %s: no split fits device memory at the "

@@ -287,6 +287,11 @@ void gp_config_free(gp_config *c)
     if (!c) return;
     free(c->model.layers);
     free(c->model.hf_config);
+    if (c->pipeline.schedule_file) {
+        gp_schedule_file_free(c->pipeline.schedule_file);
+        free(c->pipeline.schedule_file);
+        c->pipeline.schedule_file = NULL;
+    }
     free(c->defaults_applied);
     free(c->warnings);
     free(c->text);

@@ -81,7 +81,13 @@ typedef struct gp_pipeline_config {
     bool lockstep;        /* default true */
     gp_schedule_kind schedule; /* default gpipe */
     int virtual_stages;   /* pipeline.virtual: stages per device; 1, or >= 2
-                             (default 2) with schedule: interleaved */
+                             (default 2) with schedule: interleaved; 2 with
+                             zb-v; a schedule file's stages / devices */
+    /* pipeline.schedule: {file: PATH} (schedule GP_SCHEDULE_FILE or
+     * _FILE_V): the file as given, and its orders, read and checked when
+     * the config is (owned: gp_config_free) */
+    char schedule_path[1024];
+    struct gp_schedule_file *schedule_file;
     int threads;          /* per CPU device; 0 = cores / devices */
     size_t memory;        /* default capacity per device, >= 1 when given;
                              0 = not given, unlimited */

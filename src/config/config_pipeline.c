@@ -8,6 +8,7 @@
 #include "pipeline/procs.h"
 
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -279,6 +280,39 @@ static void check_threads(gp_cfg_walk *w, const gp_ynode *m, const gp_ynode *dv,
                     GP_CFG_THREADS_FAR);
 }
 
+/* pipeline.schedule: {file: PATH}: PyTorch's per-rank action CSV, read and
+ * checked now (gp_schedule_file_read), its placement and stages taken
+ * from it (issue 78). */
+static gp_status parse_schedule_file(gp_cfg_walk *w, const gp_ynode *m, const gp_ynode *sn,
+                                     gp_pipeline_config *pc)
+{
+    GP_TRY(gp_cfg_check_keys(w, sn, "pipeline.schedule"));
+    const gp_ynode *fn = gp_ymap_get(sn, "file");
+    if (gp_cfg_absent(fn) || fn->kind != GP_YNODE_SCALAR || !fn->text || !fn->text[0])
+        return gp_cfg_bad(w, gp_cfg_absent(fn) ? sn : fn, "pipeline.schedule as a map is "
+                          "{file: PATH}, a schedule written as PyTorch's per-rank action CSV "
+                          "(gpipe-balance --simulate --write-schedule PATH writes one); or give "
+                          "a name: gpipe, 1f1b, zb-h1, interleaved, zb-v");
+    if (strlen(fn->text) >= sizeof pc->schedule_path)
+        return gp_cfg_bad(w, fn, "pipeline.schedule.file is longer than %zu characters",
+                          sizeof pc->schedule_path - 1);
+    snprintf(pc->schedule_path, sizeof pc->schedule_path, "%s", fn->text);
+    gp_schedule_file *f = calloc(1, sizeof *f);
+    if (!f) return gp_error_set(GP_ERR_OOM, "out of host memory");
+    gp_status s = gp_schedule_file_read(fn->text, pc->n_devices, f);
+    if (s != GP_OK) {
+        free(f);
+        char msg[1600];
+        snprintf(msg, sizeof msg, "%s", gp_last_error());
+        return gp_cfg_bad(w, fn, "pipeline.schedule.file: %s", msg);
+    }
+    (void)m;
+    pc->schedule_file = f;
+    pc->schedule = f->v_shape ? GP_SCHEDULE_FILE_V : GP_SCHEDULE_FILE;
+    pc->virtual_stages = f->stages / f->n;
+    return GP_OK;
+}
+
 gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipeline_config *pc)
 {
     char got[96];
@@ -342,17 +376,29 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
     static const char *const k_schedules[] = {"gpipe", "1f1b", "zb-h1", "interleaved", "zb-v"};
     _Static_assert(GP_COUNT(k_schedules) == GP_SCHEDULE_KINDS, "a name for every schedule");
     int sk = 0;
-    GP_TRY(gp_cfg_get_enum(w, m, "pipeline", "schedule", k_schedules, GP_COUNT(k_schedules),
-                           GP_SCHEDULE_GPIPE, &sk));
+    const gp_ynode *sn = gp_ymap_get(m, "schedule");
+    if (!gp_cfg_absent(sn) && sn->kind == GP_YNODE_MAP) {
+        GP_TRY(parse_schedule_file(w, m, sn, pc));
+        sk = pc->schedule;
+    } else {
+        GP_TRY(gp_cfg_get_enum(w, m, "pipeline", "schedule", k_schedules, GP_COUNT(k_schedules),
+                               GP_SCHEDULE_GPIPE, &sk));
+    }
     pc->schedule = (gp_schedule_kind)sk;
     bool il = pc->schedule == GP_SCHEDULE_INTERLEAVED, zv = pc->schedule == GP_SCHEDULE_ZB_V;
-    GP_TRY(gp_cfg_get_int32(w, m, "pipeline", "virtual", il || zv ? 2 : 1, 1, GP_MAX_DEVICES,
-                            &pc->virtual_stages));
+    bool fl = pc->schedule == GP_SCHEDULE_FILE || pc->schedule == GP_SCHEDULE_FILE_V;
+    int file_v = pc->virtual_stages;
+    GP_TRY(gp_cfg_get_int32(w, m, "pipeline", "virtual", il || zv ? 2 : fl ? file_v : 1, 1,
+                            GP_MAX_DEVICES, &pc->virtual_stages));
     const gp_ynode *vn = gp_ymap_get(m, "virtual");
+    if (fl && pc->virtual_stages != file_v)
+        return gp_cfg_bad(w, vn, "pipeline.virtual = %d, but the schedule file %s places %d "
+                          "stage%s on each device; leave virtual out", pc->virtual_stages,
+                          pc->schedule_path, file_v, file_v == 1 ? "" : "s");
     if (zv && pc->virtual_stages != 2)
         return gp_cfg_bad(w, vn, "pipeline.virtual = %d: schedule zb-v places exactly 2 stages "
                           "on each device (in a V); leave virtual out", pc->virtual_stages);
-    if (!il && !zv && pc->virtual_stages > 1)
+    if (!il && !zv && !fl && pc->virtual_stages > 1)
         return gp_cfg_bad(w, vn, "pipeline.virtual = %d needs schedule: interleaved (stages per "
                           "device); set pipeline.schedule: interleaved or leave virtual out",
                           pc->virtual_stages);
@@ -408,6 +454,11 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
         pc->n_balance = bal->n;
     }
     GP_TRY(gp_cfg_get_int32(w, m, "pipeline", "chunks", 1, 1, GP_MAX_CHUNKS, &pc->chunks));
+    if (pc->schedule_file && pc->schedule_file->m != pc->chunks)
+        return gp_cfg_bad(w, gp_ymap_get(m, "chunks") ? gp_ymap_get(m, "chunks") : sn,
+                          "pipeline.chunks = %d, but the schedule file %s runs %d micro-batches; "
+                          "set chunks: %d", pc->chunks, pc->schedule_path,
+                          pc->schedule_file->m, pc->schedule_file->m);
     /* a step splits its batch into chunks micro-batches per replica */
     if (pc->replicas > 1 && (int64_t)pc->chunks * pc->replicas > GP_MAX_CHUNKS)
         return gp_cfg_bad(w, gp_ymap_get(m, "chunks") ? gp_ymap_get(m, "chunks") : m,

@@ -2257,7 +2257,8 @@ static gp_status prepare(gp_pipeline *p, int m)
                            .checkpoint = p->opts.checkpoint,
                            .replicas = p->replicas, .update = p->opts.optim != NULL,
                            .check = !p->opts.no_check, .clip = p->opts.clip_norm > 0,
-                           .skips = p->edges, .n_skips = p->n_edges};
+                           .skips = p->edges, .n_skips = p->n_edges,
+                           .file = p->opts.schedule_file};
     memcpy(so.shard, p->shard, sizeof so.shard);
     GP_TRY(gp_schedule_make(&so, &p->sched));
     p->sched_stale = false;

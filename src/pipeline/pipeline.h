@@ -68,6 +68,8 @@ typedef struct gp_pipeline_opts {
     gp_schedule_kind schedule;  /* GPipe's fill-drain (default), 1F1B, ZB-H1,
                                    interleaved */
     int virtual_stages;         /* interleaved: stages per device (v >= 2) */
+    const struct gp_schedule_file *schedule_file; /* schedule GP_SCHEDULE_FILE(_V):
+                                                     its orders (the config's) */
     bool lockstep;
     /* Test hook: fail the instruction of `fault_kind` at (fault_i, fault_j)
      * with GP_ERR_RUNTIME "injected fault".  fault_j < 0 = off. */

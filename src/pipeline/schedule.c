@@ -257,6 +257,21 @@ static gp_status compute_orders(const gp_schedule_opts *o, int v, op **ord, int 
 {
     int m = o->m, n = o->n;
     if (o->kind == GP_SCHEDULE_ZB_H1) return zb_h1_orders(n, m, o->durations, ord, len);
+    if (o->kind == GP_SCHEDULE_FILE || o->kind == GP_SCHEDULE_FILE_V) {
+        /* the file's computations, in its order (its sends and receives
+         * are where gpipe puts its own: right before what reads them) */
+        const gp_schedule_file *f = o->file;
+        static const gp_instr_kind of[4] = {GP_INSTR_FORWARD, GP_INSTR_BACKWARD_DATA,
+                                            GP_INSTR_BACKWARD_WEIGHTS, GP_INSTR_BACKWARD};
+        for (int d = 0; d < n; d++) {
+            len[d] = 0;
+            for (int q = 0; q < f->len[d]; q++)
+                if (f->acts[d][q].kind <= GP_SACT_B)
+                    ord[d][len[d]++] = (op){of[f->acts[d][q].kind], f->acts[d][q].mb,
+                                            f->acts[d][q].stage};
+        }
+        return GP_OK;
+    }
     for (int j = 0; j < n; j++) {
         int c = 0;
         if (o->kind == GP_SCHEDULE_INTERLEAVED) {
@@ -341,15 +356,21 @@ const char *gp_schedule_kind_name(gp_schedule_kind k)
     case GP_SCHEDULE_ZB_H1: return "zb-h1";
     case GP_SCHEDULE_INTERLEAVED: return "interleaved";
     case GP_SCHEDULE_ZB_V: return "zb-v";
+    case GP_SCHEDULE_FILE:
+    case GP_SCHEDULE_FILE_V: return "file";
     }
     return "?";
 }
 
-bool gp_schedule_v_shape(gp_schedule_kind k) { return k == GP_SCHEDULE_ZB_V; }
+bool gp_schedule_v_shape(gp_schedule_kind k)
+{
+    return k == GP_SCHEDULE_ZB_V || k == GP_SCHEDULE_FILE_V;
+}
 
 int gp_schedule_stages_per_device(gp_schedule_kind k, int virtual_stages)
 {
-    if (k == GP_SCHEDULE_INTERLEAVED) return virtual_stages;
+    if (k == GP_SCHEDULE_INTERLEAVED || k == GP_SCHEDULE_FILE || k == GP_SCHEDULE_FILE_V)
+        return virtual_stages > 0 ? virtual_stages : 1;
     return k == GP_SCHEDULE_ZB_V ? 2 : 1;
 }
 
@@ -410,6 +431,12 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
     if (o->kind == GP_SCHEDULE_ZB_V && S > GP_MAX_DEVICES)
         return gp_error_set(GP_ERR_INVALID, "zb-v places 2 stages on each device: at most %d "
                             "devices (got %d)", GP_MAX_DEVICES / 2, n);
+    if ((o->kind == GP_SCHEDULE_FILE || o->kind == GP_SCHEDULE_FILE_V) &&
+        (!o->file || o->file->n != n || o->file->stages != S || o->file->m != m))
+        return gp_error_set(GP_ERR_INVALID, "the schedule file %s is for %d devices, %d stages "
+                            "and %d micro-batches; this pipeline has %d, %d and %d",
+                            o->file ? o->file->path : "(none)", o->file ? o->file->n : 0,
+                            o->file ? o->file->stages : 0, o->file ? o->file->m : 0, n, S, m);
     out->list = calloc((size_t)n, sizeof *out->list);
     out->count = calloc((size_t)n, sizeof *out->count);
     op *ord[GP_MAX_DEVICES] = {NULL};

@@ -153,9 +153,14 @@ typedef enum {
     GP_SCHEDULE_1F1B,
     GP_SCHEDULE_ZB_H1,
     GP_SCHEDULE_INTERLEAVED,
-    GP_SCHEDULE_ZB_V
+    GP_SCHEDULE_ZB_V,
+    /* a schedule read from a file (pipeline.schedule: {file: F}), its
+     * stages placed in loops or in a V: not among the KINDS the planner
+     * and the tests walk */
+    GP_SCHEDULE_FILE,
+    GP_SCHEDULE_FILE_V
 } gp_schedule_kind;
-#define GP_SCHEDULE_KINDS 5
+#define GP_SCHEDULE_KINDS 5 /* the built-in ones, gpipe .. zb-v */
 /* "gpipe", "1f1b", "zb-h1", "interleaved", "zb-v" */
 const char *gp_schedule_kind_name(gp_schedule_kind k);
 /* Whether schedule k places its stages in a V (zb-v: 2n stages, device d
@@ -167,7 +172,7 @@ int gp_schedule_stages_per_device(gp_schedule_kind k, int virtual_stages);
 /* The device of stage j (of n x stages per device) over n devices. */
 static inline int gp_schedule_device_of(gp_schedule_kind k, int n, int j)
 {
-    if (k == GP_SCHEDULE_ZB_V) return j < n ? j : 2 * n - 1 - j;
+    if (k == GP_SCHEDULE_ZB_V || k == GP_SCHEDULE_FILE_V) return j < n ? j : 2 * n - 1 - j;
     return j % n;
 }
 /* The most micro-batches in flight on stage j (forwarded, their activations
@@ -295,6 +300,10 @@ typedef struct gp_schedule_opts {
     /* The skips that cross stages (n_skips of them; others need no copy). */
     const gp_skip_edge *skips;
     int n_skips;
+    /* kind GP_SCHEDULE_FILE / _FILE_V: the orders, n ranks, n x
+     * virtual_stages stages, m micro-batches (checked by
+     * gp_schedule_file_read) */
+    const struct gp_schedule_file *file;
 } gp_schedule_opts;
 
 typedef struct gp_schedule {
@@ -309,6 +318,41 @@ typedef struct gp_schedule {
     int *count;
     int dev_of[GP_MAX_DEVICES]; /* stage j's device */
 } gp_schedule;
+
+/* ---- schedules as text (schedule_file.c) ----------------------------------
+ * PyTorch's per-rank action CSV (torch.distributed.pipelining's _dump_csv
+ * and _load_csv): a row per rank, actions STAGE KIND MICRO-BATCH (`2F0`,
+ * `1I3`, `1W3`, `0B1`, `0SEND_F1`, `1RECV_F1`, `1SEND_B0`, `0RECV_B0`). */
+typedef enum {
+    GP_SACT_F = 0, GP_SACT_I, GP_SACT_W, GP_SACT_B,
+    GP_SACT_SEND_F, GP_SACT_RECV_F, GP_SACT_SEND_B, GP_SACT_RECV_B
+} gp_sact_kind;
+typedef struct gp_sact {
+    uint8_t kind;   /* gp_sact_kind */
+    int stage, mb;
+    int rank, line, col; /* where it is written */
+} gp_sact;
+typedef struct gp_schedule_file {
+    char path[1024];
+    int n, stages, m;   /* ranks (devices), stages, micro-batches */
+    bool v_shape;       /* placed in a V (else in loops: stage j on rank j % n) */
+    bool split;         /* some backward split into I and W */
+    bool has_comms;     /* sends and receives given (checked; gpipe places its own) */
+    int row_line[GP_MAX_DEVICES];
+    int len[GP_MAX_DEVICES];
+    gp_sact *acts[GP_MAX_DEVICES]; /* rank r's, in its order (FSDP's actions left out) */
+} gp_schedule_file;
+/* Read and check path (schedule_file.c's header says what): n_devices
+ * rows.  Errors name the file, the rank, line and column, and the action. */
+gp_status gp_schedule_file_read(const char *path, int n_devices, gp_schedule_file *out);
+void gp_schedule_file_free(gp_schedule_file *f);
+/* "2F0" */
+void gp_sact_name(const gp_sact *a, char *buf, size_t len);
+/* s as such a file (written whole or not at all): each device's
+ * forwards, backwards (I and W where split) and, where data crosses to
+ * another device, the sends and receives; gpipe's own recomputes, skips'
+ * copies and end of the step are not in the format. */
+gp_status gp_schedule_write_csv(const gp_schedule *s, const char *path);
 
 /* The schedule o->kind with the end of the step. */
 gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out);

@@ -236,6 +236,7 @@ gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
                               .checkpoint = cfg->pipeline.checkpoint,
                               .schedule = cfg->pipeline.schedule,
                               .virtual_stages = gp_model_virtual(cfg),
+                              .schedule_file = cfg->pipeline.schedule_file,
                               .lockstep = cfg->pipeline.lockstep, .fault_j = -1,
                               .processes = m->local_device >= 0,
                               .local_device = m->local_device, .rank_base = m->rank_base,
@@ -385,15 +386,16 @@ void gp_model_plan_opts(const gp_config *cfg, int n, gp_plan_opts *o)
      * plan models their memory as 1F1B's stages (the closest schedule the
      * planner walks), each with 1/v of its device. */
     int nd = pc->n_devices > 0 ? pc->n_devices : n, v = n > nd && n % nd == 0 ? n / nd : 1;
-    bool several = pc->schedule == GP_SCHEDULE_INTERLEAVED || pc->schedule == GP_SCHEDULE_ZB_V;
+    bool several = pc->schedule == GP_SCHEDULE_INTERLEAVED || pc->schedule == GP_SCHEDULE_ZB_V ||
+                   pc->schedule == GP_SCHEDULE_FILE || pc->schedule == GP_SCHEDULE_FILE_V;
     /* zb-v likewise: its 2n stages hold 1F1B's micro-batches in flight
      * (schedule.h), each with half its device, placed in a V */
     o->schedule = several ? GP_SCHEDULE_1F1B : pc->schedule;
     o->virtual_stages = several ? v : 1;
-    o->v_shape = pc->schedule == GP_SCHEDULE_ZB_V && v == 2;
+    o->v_shape = gp_schedule_v_shape(pc->schedule) && v == 2;
     o->lockstep = pc->lockstep;
     for (int j = 0; j < n && j < GP_MAX_DEVICES; j++) {
-        int d = o->v_shape ? gp_schedule_device_of(GP_SCHEDULE_ZB_V, nd, j) : j % nd;
+            int d = o->v_shape ? gp_schedule_device_of(GP_SCHEDULE_ZB_V, nd, j) : j % nd;
         size_t cap = d < pc->n_devices && pc->devices[d].memory ? pc->devices[d].memory : pc->memory;
         o->capacity[j] = (double)cap / v;
     }
@@ -403,6 +405,8 @@ int gp_model_virtual(const gp_config *cfg)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
     if (pc->schedule == GP_SCHEDULE_ZB_V) return 2;
+    if (pc->schedule == GP_SCHEDULE_FILE || pc->schedule == GP_SCHEDULE_FILE_V)
+        return pc->virtual_stages > 0 ? pc->virtual_stages : 1;
     return pc->schedule == GP_SCHEDULE_INTERLEAVED && pc->virtual_stages > 1 ? pc->virtual_stages
                                                                               : 1;
 }

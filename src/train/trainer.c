@@ -2023,7 +2023,13 @@ static void report_bubble(train_run *r)
     }
     gp_error_clear();
     if (r->opts->quiet) return;
-    if (isfinite(res->bubble_simulated))
+    bool file = cfg->pipeline.schedule == GP_SCHEDULE_FILE ||
+                cfg->pipeline.schedule == GP_SCHEDULE_FILE_V;
+    if (file)
+        GP_INFO("pipeline bubble %.1f%% over %lld step%s (the schedule of %s, %d micro-batches)",
+                100 * res->bubble, (long long)r->bub_steps, r->bub_steps == 1 ? "" : "s",
+                cfg->pipeline.schedule_path, cfg->pipeline.chunks);
+    else if (isfinite(res->bubble_simulated))
         GP_INFO("pipeline bubble %.1f%% over %lld step%s (schedule %s, %d micro-batches); the "
                 "simulator's for this split, from the cached profile: %.1f%%",
                 100 * res->bubble, (long long)r->bub_steps, r->bub_steps == 1 ? "" : "s",

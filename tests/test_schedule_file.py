@@ -1,0 +1,170 @@
+#!/usr/bin/python3
+"""test_schedule_file.py — schedules as text (issue 78, items 2 and 3):
+pipeline.schedule: {file: F} runs a schedule written as PyTorch's per-rank
+action CSV, and gpipe-balance --write-schedule writes one.
+
+  - PyTorch's own schedules (tests/data/schedules, written by PyTorch 2.15's
+    schedule code with make_torch_csv.py: ZB-V on 2 and 4 ranks, interleaved
+    1F1B and interleaved zero bubble on 2, compute-only and with its sends
+    and receives) run configs/tiny-gpt.yaml and give the one-device run's
+    losses and weight bytes (the one device adds micro-batches in order, as
+    every one of these does);
+  - gpipe's own zb-v, written by --write-schedule, has PyTorch's ZB-V
+    computations in PyTorch's order on every rank, and runs to the same
+    bits as pipeline.schedule: zb-v;
+  - bad files are refused before anything runs, each naming the file, the
+    rank and its line (and the column and action where there is one): a
+    missing receive, a forward twice, a W before its I, a deadlock (the
+    cycle named), a stage the others do not reach, a truncated action, a
+    truncated row, a stage on two ranks, a receive after what reads it, a
+    placement neither in loops nor in a V, too many rows, and micro-batches
+    that are not pipeline.chunks.
+
+Needs GPIPE_BINARY_DIR (set by CTest) and GPIPE_SOURCE_DIR.  Prints
+"test_schedule_file: N passed, N failed" last.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from gpt_util import check, finish
+
+SRC = os.environ.get("GPIPE_SOURCE_DIR",
+                     os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BINDIR = os.environ.get("GPIPE_BINARY_DIR", os.path.join(SRC, "build"))
+DATA = os.path.join(SRC, "tests", "data", "schedules")
+CFG = os.path.join(SRC, "configs", "tiny-gpt.yaml")
+COMMON = ["data.dataset=synthetic", "train.steps=2", "train.batch_size=8",
+          "train.snapshot.every_steps=0", "pipeline.threads=1"]
+
+
+def gpipe(tmp, args, sets, tool="gpipe-train"):
+    cmd = [os.path.join(BINDIR, tool)] + args
+    for s in COMMON + sets:
+        cmd += ["--set", s]
+    r = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, errors="replace",
+                       timeout=600, stdin=subprocess.DEVNULL)
+    return r.returncode, r.stdout + r.stderr
+
+
+def train(tmp, name, sets):
+    metrics, weights = os.path.join(tmp, name + ".jsonl"), os.path.join(tmp, name + ".st")
+    rc, out = gpipe(tmp, [CFG, "-q", "--metrics", metrics, "--export-weights", weights], sets)
+    if rc != 0:
+        return None, None, out
+    losses = [json.loads(l)["loss"] for l in open(metrics) if '"loss"' in l and '"step"' in l]
+    return losses, open(weights, "rb").read(), out
+
+
+def rows(path):
+    return [[c for c in l.strip().split(",") if c] for l in open(path) if l.strip()]
+
+
+def devices(n):
+    return "pipeline.devices=[" + ", ".join("cpu:%d" % d for d in range(n)) + "]"
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="gpipe_schedfile_")
+    try:
+        refs = {}
+        for m in (4, 8):
+            refs[m] = train(tmp, "one%d" % m, ["pipeline.devices=[cpu:0]", "pipeline.chunks=%d" % m,
+                                               "pipeline.schedule=1f1b"])
+            check(refs[m][0] is not None, "one device, m = %d: %s" % (m, refs[m][2][-400:]))
+        # PyTorch's schedules, as its own code wrote them
+        for stem in ("zbv_n2_m4", "zbv_n2_m8", "zbv_n4_m8", "interleaved_n2_m4",
+                     "interleaved_zb_n2_m4"):
+            n, m = (int(x) for x in re.search(r"_n(\d+)_m(\d+)", stem).groups())
+            for suffix in ("", "_comms"):
+                path = os.path.join(DATA, stem + suffix + ".csv")
+                got, w, out = train(tmp, stem + suffix, [devices(n), "pipeline.chunks=%d" % m,
+                                                         "pipeline.schedule={file: %s}" % path])
+                ref, ref_w, _ = refs[m]
+                check(got is not None and got == ref and w == ref_w,
+                      "%s%s: losses %r (one device %r), weights %s: %s"
+                      % (stem, suffix, got, ref, "same" if w == ref_w else "DIFFER", out[-600:]))
+        # gpipe's zb-v written out: PyTorch's order, and the same run
+        mine = os.path.join(tmp, "mine.csv")
+        rc, out = gpipe(tmp, [CFG, "-q", "--write-schedule", mine],
+                        [devices(2), "pipeline.chunks=8", "pipeline.schedule=zb-v"],
+                        "gpipe-balance")
+        check(rc == 0 and os.path.exists(mine), "--write-schedule: %s" % out[-600:])
+        if rc == 0:
+            compute = [[a for a in r if re.fullmatch(r"\d+[FIWB]\d+", a)] for r in rows(mine)]
+            check(compute == rows(os.path.join(DATA, "zbv_n2_m8.csv")),
+                  "gpipe's zb-v is PyTorch's ZB-V, rank by rank: %r" % compute)
+            a = train(tmp, "builtin", [devices(2), "pipeline.chunks=8", "pipeline.schedule=zb-v"])
+            b = train(tmp, "written", [devices(2), "pipeline.chunks=8",
+                                       "pipeline.schedule={file: %s}" % mine])
+            check(a[0] is not None and a[:2] == b[:2] and a[0] == refs[8][0],
+                  "zb-v and its written file: %r %r" % (a[0], b[0]))
+        # bad files, refused before anything runs, naming the rank and line
+        base = rows(os.path.join(DATA, "zbv_n2_m4_comms.csv"))
+
+        def variant(name, change, want, n=2, m=4):
+            r = [list(x) for x in base]
+            change(r)
+            path = os.path.join(tmp, name + ".csv")
+            with open(path, "w") as f:
+                f.write("\n".join(",".join(x) for x in r) + "\n")
+            rc, out = gpipe(tmp, [CFG, "--dry-run"], [devices(n), "pipeline.chunks=%d" % m,
+                                                       "pipeline.schedule={file: %s}" % path])
+            check(rc == 2 and (name + ".csv") in out and all(w in out for w in want),
+                  "%s: exit %d, wanted %r in: %s" % (name, rc, want, out[-700:]))
+
+        def drop(r, q, act):
+            r[q].remove(act)
+
+        def swap(r, q, a, b):
+            i, j = r[q].index(a), r[q].index(b)
+            r[q][i], r[q][j] = r[q][j], r[q][i]
+
+        variant("missing_recv", lambda r: drop(r, 1, "1RECV_F2"), ["rank 1", ":2:", "RECV_F"])
+        variant("forward_twice", lambda r: r[0].insert(5, "0F1"), ["rank 0", ":1:", "'0F1'",
+                                                                  "a second time"])
+        variant("w_before_i", lambda r: swap(r, 0, "3I0", "3W0"), ["rank 0", ":1:", "'3W0'",
+                                                                  "before the backward-data"])
+        variant("unknown_stage", lambda r: r[0].append("7F0"), ["rank 0", ":1:", "'7F0'",
+                                                               "no rank runs stage 4"])
+        variant("truncated_action", lambda r: r[1].__setitem__(len(r[1]) - 1, "1W"),
+                ["rank 1", ":2:", "'1W'", "not an action"])
+        variant("truncated_row", lambda r: r.__setitem__(1, r[1][:len(r[1]) // 2]),
+                ["rank 1", ":2:"])
+        variant("stage_two_ranks", lambda r: r[1].insert(0, r[0].pop(0)),
+                ["rank 1", ":2:", "'0F0'", "stage 0 runs on rank 1 here and on rank 0"])
+        variant("recv_after_use", lambda r: swap(r, 0, "3RECV_F0", "3F0"),
+                ["rank 0", ":1:", "'3RECV_F0'", "received after the forward"])
+        variant("too_many_rows", lambda r: r.append(list(r[1])), ["3 rows", "lists 2"])
+        variant("chunks", lambda r: None, ["runs 4 micro-batches", "set chunks: 4"], m=8)
+        # a deadlock: rank 0 runs stage 0's backward-data before stage 3's
+        # forward, whose backward it waits for through rank 1
+        dl = [["0F0", "0I0", "3F0", "3I0", "3W0", "0W0"], ["1F0", "2F0", "2I0", "2W0", "1I0", "1W0"]]
+        path = os.path.join(tmp, "cycle.csv")
+        with open(path, "w") as f:
+            f.write("\n".join(",".join(x) for x in dl) + "\n")
+        rc, out = gpipe(tmp, [CFG, "--dry-run"], [devices(2), "pipeline.chunks=1",
+                                                   "pipeline.schedule={file: %s}" % path])
+        check(rc == 2 and "deadlocks" in out and "rank 0, '0I0' waits for '1I0' on rank 1" in out
+              and "rank 1" in out and "cycle.csv:1:" in out,
+              "a cycle named: exit %d: %s" % (rc, out[-900:]))
+        # a placement neither in loops nor in a V
+        bad = [["0F0", "1F0", "1B0", "0B0"], ["2F0", "3F0", "3B0", "2B0"]]
+        path = os.path.join(tmp, "blocks.csv")
+        with open(path, "w") as f:
+            f.write("\n".join(",".join(x) for x in bad) + "\n")
+        rc, out = gpipe(tmp, [CFG, "--dry-run"], [devices(2), "pipeline.chunks=1",
+                                                   "pipeline.schedule={file: %s}" % path])
+        check(rc == 2 and "in loops" in out and "in a V" in out and "rank 0" in out,
+              "stages in blocks refused: exit %d: %s" % (rc, out[-700:]))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return finish("test_schedule_file")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
