@@ -115,6 +115,7 @@ static int transparency_grid(bool few)
                 for (int ck = 0; ck < 3; ck++)
                     for (int kd = 0; kd < GP_SCHEDULE_KINDS; kd++) {
                         if (kd == GP_SCHEDULE_INTERLEAVED && (n != 2 || m != 4)) continue;
+                        if (kd == GP_SCHEDULE_DUALPIPE_V && m < 2 * n) continue;
                         if (few && (ck != GP_CKPT_EXCEPT_LAST || model == 0)) continue;
                         transparency(model == 1, n, m, (gp_checkpoint_mode)ck, true,
                                      (gp_schedule_kind)kd, false);
@@ -144,9 +145,10 @@ static int bf16_storage_grid(const char *what, int lockstep_odd)
         for (int n = 2; n <= 4; n++)
             for (int ck = 0; ck < 3; ck++)
                 for (int kd = 0; kd < GP_SCHEDULE_KINDS; kd++) {
-                    bool two = kd == GP_SCHEDULE_INTERLEAVED || kd == GP_SCHEDULE_ZB_V;
+                    bool two = kd == GP_SCHEDULE_INTERLEAVED || gp_schedule_v_shape(kd);
                     if (kd == GP_SCHEDULE_INTERLEAVED && n != 2) continue;
                     if (kd == GP_SCHEDULE_ZB_V && n == 4 && model == 0) continue; /* 7 layers */
+                    if (kd == GP_SCHEDULE_DUALPIPE_V && n != 2) continue; /* m >= 2n: 4 */
                     if (sanitized && n != (two ? 2 : 4)) continue;
                     transparency(model == 1, n, n == 3 ? 3 : 4, (gp_checkpoint_mode)ck,
                                  (n + ck) % 2 == lockstep_odd, (gp_schedule_kind)kd, false);
@@ -158,8 +160,9 @@ static int bf16_storage_grid(const char *what, int lockstep_odd)
            sanitized ? " (sanitizer build: 4 devices, interleaved 2, only)" : "");
     /* each model: 4 kinds x 3 modes and zb-v's 3 at n = 2 (interleaved: 2
      * only), 4 + 1 kinds at 3, 4 at 4 (and zb-v's there on the convnet) */
-    CHECK(runs == (sanitized ? 2 * (3 * 3 + 3 + 3)
-                             : 2 * (5 * 3 + 4 * 3 + 3 * 3) + 3));
+    /* (and dualpipe-v's 3 at n = 2, whose m = 4 must be >= 2n) */
+    CHECK(runs == (sanitized ? 2 * (3 * 3 + 3 + 3 + 3)
+                             : 2 * (6 * 3 + 4 * 3 + 3 * 3) + 3));
     return runs;
 }
 

@@ -647,18 +647,29 @@ static bool run_split(const gp_schedule *s, bool lockstep, int *span)
  * 6m units of work plus at most one F, B and W per stage of the path's
  * fill (the paper's near-zero bubble), where 1F1B over n stages of twice
  * the work takes 6m + 6(n - 1). */
-static void check_zb_v(void)
+static void check_v(gp_schedule_kind kind)
 {
-    int cases = 0, bad = 0;
+    bool dp = kind == GP_SCHEDULE_DUALPIPE_V; /* whole backwards too; m >= 2n */
+    const char *kn = gp_schedule_kind_name(kind);
+    int cases = 0, bad = 0, want_cases = 0;
     for (int n = 1; n <= MAX_N; n++)
         for (int m = 1; m <= MAX_M; m++)
             for (int ck = 0; ck < 3; ck++) {
-                gp_schedule_opts o = {.kind = GP_SCHEDULE_ZB_V, .n = n, .m = m,
+                if (dp && m < 2 * n) {
+                    gp_schedule_opts o = {.kind = kind, .n = n, .m = m, .replicas = 1};
+                    gp_schedule s;
+                    if (ck == 0)
+                        CHECK_ERR(gp_schedule_make(&o, &s), GP_ERR_INVALID,
+                                  "at least as many micro-batches as stages");
+                    continue;
+                }
+                want_cases++;
+                gp_schedule_opts o = {.kind = kind, .n = n, .m = m,
                                       .checkpoint = (gp_checkpoint_mode)ck, .replicas = 1,
                                       .update = true, .check = true};
                 gp_schedule s;
                 if (gp_schedule_make(&o, &s) != GP_OK) {
-                    CHECK_MSG(0, "zb-v n=%d m=%d: %s", n, m, gp_last_error());
+                    CHECK_MSG(0, "%s n=%d m=%d: %s", kn, n, m, gp_last_error());
                     continue;
                 }
                 int S = 2 * n;
@@ -679,7 +690,8 @@ static void check_zb_v(void)
                         if (s.dev_of[j] != d || in->k < last) ok = false, why = "device/clock";
                         last = in->k;
                         bool want = want_ck((gp_checkpoint_mode)ck, &s, i, j);
-                        if ((in->kind == GP_INSTR_FORWARD || in->kind == GP_INSTR_BACKWARD_DATA) &&
+                        if ((in->kind == GP_INSTR_FORWARD || in->kind == GP_INSTR_BACKWARD_DATA ||
+                             in->kind == GP_INSTR_BACKWARD) &&
                             in->checkpointed != want)
                             ok = false, why = "checkpointed";
                         switch (in->kind) {
@@ -690,7 +702,7 @@ static void check_zb_v(void)
                             fk[i][j] = in->k;
                             flight++;
                             sflight[j]++;
-                            if (sflight[j] > gp_schedule_in_flight_bound(GP_SCHEDULE_ZB_V, j, n, m))
+                            if (!dp && sflight[j] > gp_schedule_in_flight_bound(kind, j, n, m))
                                 ok = false, why = "stage in flight";
                             break;
                         case GP_INSTR_RECOMPUTE:
@@ -708,6 +720,15 @@ static void check_zb_v(void)
                             flight--;
                             sflight[j]--;
                             break;
+                        case GP_INSTR_BACKWARD: /* dualpipe-v: both halves at once */
+                            if (!dp || next[1][j]++ != i || next[2][j]++ != i || !seen[0][i][j])
+                                ok = false, why = "B order";
+                            seen[1][i][j]++;
+                            seen[2][i][j]++;
+                            bk[i][j] = in->k;
+                            flight--;
+                            sflight[j]--;
+                            break;
                         case GP_INSTR_RECV_ACT:
                             if (j == 0 || in->from != j - 1) ok = false, why = "recv act";
                             break;
@@ -718,7 +739,9 @@ static void check_zb_v(void)
                         }
                         if (flight > peak) peak = flight;
                     }
-                    if (peak > (S < 2 * m ? S : 2 * m)) ok = false, why = "device in flight";
+                    /* dualpipe-v holds more: 2n on device 0, up to 3n at the turn */
+                    if (peak > (dp ? 3 * n : S < 2 * m ? S : 2 * m))
+                        ok = false, why = "device in flight";
                 }
                 for (int i = 0; i < m; i++)
                     for (int j = 0; j < S; j++) {
@@ -730,26 +753,29 @@ static void check_zb_v(void)
                     }
                 int span = 0;
                 ok = ok && run_split(&s, true, NULL) && run_split(&s, false, &span);
-                if (ok && m >= S && ck == 0 && span > 6 * m + 3 * S) ok = false, why = "bubble";
+                /* (a whole backward is one unit here, for two halves' work) */
+                if (ok && !dp && m >= S && ck == 0 && span > 6 * m + 3 * S)
+                    ok = false, why = "bubble";
                 cases++;
                 if (!ok) {
                     bad++;
-                    fprintf(stderr, "zb-v n=%d m=%d ck=%d: wrong (%s; span %d)\n", n, m, ck, why,
-                            span);
+                    fprintf(stderr, "%s n=%d m=%d ck=%d: wrong (%s; span %d)\n", kn, n, m, ck,
+                            why, span);
                 }
                 gp_schedule_free(&s);
             }
-    CHECK_MSG(bad == 0 && cases == MAX_N * MAX_M * 3, "zb-v: %d of %d cases wrong", bad, cases);
+    CHECK_MSG(bad == 0 && cases == want_cases && cases > 300, "%s: %d of %d cases wrong", kn,
+              bad, cases);
     /* the bubble, against 1F1B's over n stages of the same (doubled) work */
-    for (int n = 2; n <= 4; n++) {
-        gp_schedule_opts o = {.kind = GP_SCHEDULE_ZB_V, .n = n, .m = 4 * n, .replicas = 1};
+    for (int n = 2; n <= 4 && !dp; n++) {
+        gp_schedule_opts o = {.kind = kind, .n = n, .m = 4 * n, .replicas = 1};
         gp_schedule s;
         int span = 0;
         CHECK_OK(gp_schedule_make(&o, &s));
         CHECK(run_split(&s, false, &span));
-        printf("zb-v n=%d m=%d: %d units for %d of work on each device (1F1B: %d)\n", n, 4 * n,
-               span, 6 * 4 * n, 6 * 4 * n + 6 * (n - 1));
-        CHECK_MSG(span < 6 * 4 * n + 6 * (n - 1), "zb-v n=%d: %d units, no shorter than 1F1B",
+        printf("%s n=%d m=%d: %d units for %d of work on each device (1F1B: %d)\n", kn, n,
+               4 * n, span, 6 * 4 * n, 6 * 4 * n + 6 * (n - 1));
+        CHECK_MSG(span < 6 * 4 * n + 6 * (n - 1), "%s n=%d: %d units, no shorter than 1F1B", kn,
                   n, span);
         gp_schedule_free(&s);
     }
@@ -779,7 +805,8 @@ int main(void)
 {
     zb_h1_timed();
     check_interleaved();
-    check_zb_v();
+    check_v(GP_SCHEDULE_ZB_V);
+    check_v(GP_SCHEDULE_DUALPIPE_V);
     for (int kind = 0; kind <= GP_SCHEDULE_ZB_H1; kind++) /* interleaved: its own checks */
         for (int n = 1; n <= MAX_N; n++)
             for (int m = 1; m <= MAX_M; m++)

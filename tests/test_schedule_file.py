@@ -5,13 +5,14 @@ action CSV, and gpipe-balance --write-schedule writes one.
 
   - PyTorch's own schedules (tests/data/schedules, written by PyTorch 2.15's
     schedule code with make_torch_csv.py: ZB-V on 2 and 4 ranks, interleaved
-    1F1B and interleaved zero bubble on 2, compute-only and with its sends
+    1F1B, interleaved zero bubble and DualPipeV on 2, compute-only and with its sends
     and receives) run configs/tiny-gpt.yaml and give the one-device run's
     losses and weight bytes (the one device adds micro-batches in order, as
     every one of these does);
-  - gpipe's own zb-v, written by --write-schedule, has PyTorch's ZB-V
-    computations in PyTorch's order on every rank, and runs to the same
-    bits as pipeline.schedule: zb-v;
+  - gpipe's own zb-v and dualpipe-v, written by --write-schedule, have
+    PyTorch's ZB-V and DualPipeV computations in PyTorch's order on every
+    rank (DualPipe's overlapped pairs one after the other), and zb-v's runs
+    to the same bits as pipeline.schedule: zb-v;
   - bad files are refused before anything runs, each naming the file, the
     rank and its line (and the column and action where there is one): a
     missing receive, a forward twice, a W before its I, a deadlock (the
@@ -61,7 +62,17 @@ def train(tmp, name, sets):
 
 
 def rows(path):
-    return [[c for c in l.strip().split(",") if c] for l in open(path) if l.strip()]
+    """The file's rows of actions, DualPipe's overlapped pairs one after the other."""
+    out = []
+    for l in open(path):
+        if not l.strip():
+            continue
+        r = []
+        for c in l.strip().split(","):
+            m = re.fullmatch(r"\((.*)\)OVERLAP_F_B", c)
+            r += m.group(1).split(";") if m else ([c] if c else [])
+        out.append(r)
+    return out
 
 
 def devices(n):
@@ -78,7 +89,7 @@ def main():
             check(refs[m][0] is not None, "one device, m = %d: %s" % (m, refs[m][2][-400:]))
         # PyTorch's schedules, as its own code wrote them
         for stem in ("zbv_n2_m4", "zbv_n2_m8", "zbv_n4_m8", "interleaved_n2_m4",
-                     "interleaved_zb_n2_m4"):
+                     "interleaved_zb_n2_m4", "dualpipev_n2_m4", "dualpipev_n2_m8"):
             n, m = (int(x) for x in re.search(r"_n(\d+)_m(\d+)", stem).groups())
             for suffix in ("", "_comms"):
                 path = os.path.join(DATA, stem + suffix + ".csv")
@@ -103,6 +114,17 @@ def main():
                                        "pipeline.schedule={file: %s}" % mine])
             check(a[0] is not None and a[:2] == b[:2] and a[0] == refs[8][0],
                   "zb-v and its written file: %r %r" % (a[0], b[0]))
+        # gpipe's dualpipe-v is PyTorch's DualPipeV (its overlapped pairs in order)
+        for m in (4, 8):
+            mine = os.path.join(tmp, "dp%d.csv" % m)
+            rc, out = gpipe(tmp, [CFG, "-q", "--write-schedule", mine],
+                            [devices(2), "pipeline.chunks=%d" % m, "pipeline.schedule=dualpipe-v"],
+                            "gpipe-balance")
+            compute = [[a for a in r if re.fullmatch(r"\d+[FIWB]\d+", a)] for r in rows(mine)] \
+                if rc == 0 else None
+            check(compute == rows(os.path.join(DATA, "dualpipev_n2_m%d.csv" % m)),
+                  "gpipe's dualpipe-v, m = %d, is PyTorch's DualPipeV: %r %s"
+                  % (m, compute, out[-300:]))
         # bad files, refused before anything runs, naming the rank and line
         base = rows(os.path.join(DATA, "zbv_n2_m4_comms.csv"))
 

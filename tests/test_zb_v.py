@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""test_zb_v.py — pipeline.schedule: zb-v (issue 78) on the shipped language
+"""test_zb_v.py — pipeline.schedule: zb-v and dualpipe-v (issue 78) on the shipped language
 models, through gpipe-train as a user runs it: configs/tiny-gpt.yaml (GPT-2,
 tied embedding and head, AdamW, clipping) and configs/llama-tiny.yaml (tied,
 grouped-query attention), on synthetic tokens, a few steps of 4 micro-batches.
@@ -8,7 +8,8 @@ grouped-query attention), on synthetic tokens, a few steps of 4 micro-batches.
     head's, device 1 the two middle ones) with checkpointing always and
     never, and 4 devices (8 stages) with except_last: every step's loss and
     the exported weights (gpipe's format: no timestamps, the same weights
-    the same bytes) are the one-device run's, bit for bit;
+    the same bytes) are the one-device run's, bit for bit; dualpipe-v on 2
+    devices (m = 4 = its 4 stages) too;
   - 2 replicas of 2 devices: the same bits as 1F1B on the same replicas
     (both add each stage's micro-batches in order; the replicas' sum is the
     all-reduce's, which differs from one device's order);
@@ -68,14 +69,16 @@ def main():
             check(ref is not None and len(ref) == 3, "%s on one device: %s" % (tag, err))
             if ref is None:
                 continue
-            for devs, ck in ((2, "always"), (2, "never"), (4, "except_last")):
+            for sched, devs, ck in (("zb-v", 2, "always"), ("zb-v", 2, "never"),
+                                    ("zb-v", 4, "except_last"), ("dualpipe-v", 2, "always"),
+                                    ("dualpipe-v", 2, "except_last")):
                 dl = "[" + ", ".join("cpu:%d" % d for d in range(devs)) + "]"
-                got, w, err = train(tmp, "zbv%d%s" % (devs, ck), cfg,
-                                    ["pipeline.devices=" + dl, "pipeline.schedule=zb-v",
+                got, w, err = train(tmp, "%s%d%s" % (sched, devs, ck), cfg,
+                                    ["pipeline.devices=" + dl, "pipeline.schedule=" + sched,
                                      "pipeline.checkpoint=" + ck])
                 check(got == ref and w == ref_w,
-                      "%s zb-v on %d devices, checkpoint %s: losses %r (one device %r), "
-                      "weights %s %s" % (tag, devs, ck, got, ref,
+                      "%s %s on %d devices, checkpoint %s: losses %r (one device %r), "
+                      "weights %s %s" % (tag, sched, devs, ck, got, ref,
                                          "same" if w == ref_w else "DIFFER", err))
             # replicas: zb-v against 1f1b on the same 2 x 2 devices
             rep = ["pipeline.devices=[cpu:0, cpu:1]", "pipeline.replicas=2"]

@@ -36,7 +36,8 @@ static void usage(FILE *f)
           "                     memory (parameters, optimizer state, activations; no\n"
           "                     timing, fast); both: time, and also show the size split\n"
           "  --simulate         predict step time, bubble, throughput and peak memory for\n"
-          "                     every schedule (gpipe, 1f1b, zb-h1, interleaved with 2\n"
+          "                     every schedule (gpipe, 1f1b, zb-h1, zb-v, dualpipe-v,\n"
+          "                     interleaved with 2\n"
           "                     stages per device, and with the config's pipeline.virtual\n"
           "                     if that is more), checkpoint mode and m in 1,2,4,..32,\n"
           "                     and recommend the one with the least peak memory within\n"
@@ -748,9 +749,11 @@ int main(int argc, char **argv)
     }
     if (s == GP_OK && own_fits) {
         char title[96];
-        if (cfg.pipeline.schedule == GP_SCHEDULE_ZB_V)
-            snprintf(title, sizeof title, "balance for %d devices x 2 stages (zb-v: device d "
-                     "holds stages d and %d - d), by %s", n, 2 * n - 1, gp_balance_by_name(po.by));
+        if (gp_schedule_v_shape(cfg.pipeline.schedule))
+            snprintf(title, sizeof title, "balance for %d devices x 2 stages (%s: device d "
+                     "holds stages d and %d - d), by %s", n,
+                     gp_schedule_kind_name(cfg.pipeline.schedule), 2 * n - 1,
+                     gp_balance_by_name(po.by));
         else if (v > 1)
             snprintf(title, sizeof title, "balance for %d devices x %d stages (interleaved), by %s",
                      n, v, gp_balance_by_name(po.by));
@@ -810,7 +813,7 @@ int main(int argc, char **argv)
         } runs[GP_SCHEDULE_KINDS + 1];
         int n_runs = 0, balz[GP_MAX_DEVICES];
         for (int k = 0; k < GP_SCHEDULE_KINDS; k++)
-            if (k != GP_SCHEDULE_INTERLEAVED && k != GP_SCHEDULE_ZB_V) {
+            if (k != GP_SCHEDULE_INTERLEAVED && !gp_schedule_v_shape((gp_schedule_kind)k)) {
                 runs[n_runs].kind = (gp_schedule_kind)k;
                 runs[n_runs].v = 1;
                 runs[n_runs++].bal = one;
@@ -842,6 +845,9 @@ int main(int argc, char **argv)
                 runs[n_runs].kind = GP_SCHEDULE_ZB_V;
                 runs[n_runs].v = 2;
                 runs[n_runs++].bal = balz;
+                runs[n_runs].kind = GP_SCHEDULE_DUALPIPE_V; /* the same split: the same V */
+                runs[n_runs].v = 2;
+                runs[n_runs++].bal = balz;
             }
             gp_error_clear();
         }
@@ -853,6 +859,7 @@ int main(int argc, char **argv)
                 for (int q = 1; q <= 32 && s == GP_OK; q *= 2) {
                     if (q > batch) break;
                     if (ik && q % n) continue;
+                    if (runs[u].kind == GP_SCHEDULE_DUALPIPE_V && q < 2 * n) continue;
                     s = gp_simulate_schedule(&prof, runs[u].kind, n, runs[u].v, runs[u].bal, q,
                                              modes[c], cfg.pipeline.lockstep, pd.capacity,
                                              &r[cnt]);

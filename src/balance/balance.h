@@ -334,6 +334,9 @@ typedef struct gp_plan_opts {
      * n - 1 - j (the V): the split is gp_partition_solve_v's, each device's
      * capacity the sum of its two stages' */
     bool v_shape;
+    /* the schedule the split is refined against where virtual_stages > 1
+     * (interleaved, zb-v, dualpipe-v) */
+    gp_schedule_kind sim_kind;
     bool lockstep;                /* the run's (for the simulated refinement) */
 } gp_plan_opts;
 

@@ -345,10 +345,11 @@ static double refine_step(plan_ctx *c, const int *balance, bool lockstep, const 
         first += balance[j];
     }
     gp_sim_result r;
-    gp_status s = gp_simulate_schedule(c->p, o->v_shape ? GP_SCHEDULE_ZB_V
-                                                        : GP_SCHEDULE_INTERLEAVED,
-                                       nd, o->virtual_stages, balance, o->m, o->checkpoint,
-                                       lockstep, NULL, &r);
+    gp_schedule_kind k = o->sim_kind;
+    if (k != GP_SCHEDULE_INTERLEAVED && !gp_schedule_v_shape(k))
+        k = o->v_shape ? GP_SCHEDULE_ZB_V : GP_SCHEDULE_INTERLEAVED;
+    gp_status s = gp_simulate_schedule(c->p, k, nd, o->virtual_stages, balance, o->m,
+                                       o->checkpoint, lockstep, NULL, &r);
     if (s != GP_OK) {
         gp_error_clear();
         return HUGE_VAL;

@@ -95,7 +95,7 @@ static gp_status walk_root(gp_cfg_walk *w, const gp_ynode *root, gp_config *c)
             return gp_cfg_bad(w, n ? n : pm, "%d stages (pipeline.devices%s) for a model of %d "
                               "layer%s: every stage needs at least one layer; use at most %d "
                               "stages", stages,
-                              pp->schedule == GP_SCHEDULE_ZB_V ? " x 2, zb-v's"
+                              gp_schedule_v_shape(pp->schedule) ? " x 2, in a V"
                               : stages > pp->n_devices ? " x pipeline.virtual" : "",
                               L, L == 1 ? "" : "s", L);
         }

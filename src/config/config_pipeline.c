@@ -373,7 +373,8 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
         GP_TRY(derive_replicas(w, dv ? dv : m, gp_cfg_absent(rep_node) ? m : rep_node, pc));
 
     /* the schedule, and for interleaving the stages per device */
-    static const char *const k_schedules[] = {"gpipe", "1f1b", "zb-h1", "interleaved", "zb-v"};
+    static const char *const k_schedules[] = {"gpipe", "1f1b", "zb-h1", "interleaved", "zb-v",
+                                              "dualpipe-v"};
     _Static_assert(GP_COUNT(k_schedules) == GP_SCHEDULE_KINDS, "a name for every schedule");
     int sk = 0;
     const gp_ynode *sn = gp_ymap_get(m, "schedule");
@@ -385,7 +386,8 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
                                GP_SCHEDULE_GPIPE, &sk));
     }
     pc->schedule = (gp_schedule_kind)sk;
-    bool il = pc->schedule == GP_SCHEDULE_INTERLEAVED, zv = pc->schedule == GP_SCHEDULE_ZB_V;
+    bool il = pc->schedule == GP_SCHEDULE_INTERLEAVED;
+    bool zv = pc->schedule == GP_SCHEDULE_ZB_V || pc->schedule == GP_SCHEDULE_DUALPIPE_V;
     bool fl = pc->schedule == GP_SCHEDULE_FILE || pc->schedule == GP_SCHEDULE_FILE_V;
     int file_v = pc->virtual_stages;
     GP_TRY(gp_cfg_get_int32(w, m, "pipeline", "virtual", il || zv ? 2 : fl ? file_v : 1, 1,
@@ -396,8 +398,9 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
                           "stage%s on each device; leave virtual out", pc->virtual_stages,
                           pc->schedule_path, file_v, file_v == 1 ? "" : "s");
     if (zv && pc->virtual_stages != 2)
-        return gp_cfg_bad(w, vn, "pipeline.virtual = %d: schedule zb-v places exactly 2 stages "
-                          "on each device (in a V); leave virtual out", pc->virtual_stages);
+        return gp_cfg_bad(w, vn, "pipeline.virtual = %d: schedule %s places exactly 2 stages "
+                          "on each device (in a V); leave virtual out", pc->virtual_stages,
+                          gp_schedule_kind_name(pc->schedule));
     if (!il && !zv && !fl && pc->virtual_stages > 1)
         return gp_cfg_bad(w, vn, "pipeline.virtual = %d needs schedule: interleaved (stages per "
                           "device); set pipeline.schedule: interleaved or leave virtual out",
@@ -421,10 +424,11 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
     } else {
         if (bal->n != stages && zv)
             return gp_cfg_bad(w, bal, "pipeline.balance has %d entr%s but there are %d stages "
-                              "(%d devices x 2: zb-v places two on each, device d holding "
+                              "(%d devices x 2: %s places two on each, device d holding "
                               "stages d and %d - d); give one layer count per stage, in the "
                               "model's order (or balance: auto)", bal->n,
-                              bal->n == 1 ? "y" : "ies", stages, pc->n_devices, stages - 1);
+                              bal->n == 1 ? "y" : "ies", stages, pc->n_devices,
+                              gp_schedule_kind_name(pc->schedule), stages - 1);
         if (bal->n != stages && pc->virtual_stages > 1)
             return gp_cfg_bad(w, bal, "pipeline.balance has %d entr%s but there are %d stages "
                               "(%d devices x pipeline.virtual %d); give one layer count per "
@@ -454,6 +458,11 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
         pc->n_balance = bal->n;
     }
     GP_TRY(gp_cfg_get_int32(w, m, "pipeline", "chunks", 1, 1, GP_MAX_CHUNKS, &pc->chunks));
+    if (pc->schedule == GP_SCHEDULE_DUALPIPE_V && pc->chunks < 2 * pc->n_devices)
+        return gp_cfg_bad(w, gp_ymap_get(m, "chunks") ? gp_ymap_get(m, "chunks") : sn,
+                          "pipeline.chunks = %d: dualpipe-v needs at least as many micro-batches "
+                          "as stages (2 x %d devices); set chunks: %d or more, or use zb-v",
+                          pc->chunks, pc->n_devices, 2 * pc->n_devices);
     if (pc->schedule_file && pc->schedule_file->m != pc->chunks)
         return gp_cfg_bad(w, gp_ymap_get(m, "chunks") ? gp_ymap_get(m, "chunks") : sn,
                           "pipeline.chunks = %d, but the schedule file %s runs %d micro-batches; "

@@ -2037,15 +2037,15 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
     if (v < 1 || S % v)
         return gp_error_set(GP_ERR_INVALID, "%d stages cannot be %d per device; give "
                             "pipeline.balance one entry per stage, devices x %s",
-                            S, v, opts->schedule == GP_SCHEDULE_ZB_V ? "2 (zb-v)"
+                            S, v, gp_schedule_v_shape(opts->schedule) ? "2 (in a V)"
                                                                        : "pipeline.virtual");
     int n = S / v;
     for (int j = n; j < S; j++) {
         int d = gp_schedule_device_of(opts->schedule, n, j);
         if (devs[j] != devs[d])
             return gp_error_set(GP_ERR_INVALID, "stage %d must be on device %s (%s), not %s", j,
-                                devs[d]->name, opts->schedule == GP_SCHEDULE_ZB_V
-                                    ? "zb-v: stage j >= n on device 2n - 1 - j"
+                                devs[d]->name, gp_schedule_v_shape(opts->schedule)
+                                    ? "in a V: stage j >= n on device 2n - 1 - j"
                                     : "interleaved: stage j on device j mod n",
                                 devs[j]->name);
     }

@@ -252,6 +252,58 @@ static void zb_v_order(int n, int m, int d, op *ord, int *len)
     *len = c;
 }
 
+/* DualPipeV's order on device d of n (schedule.h). */
+static void dualpipe_v_order(int n, int m, int d, op *ord, int *len)
+{
+    const int st[2] = {d, 2 * n - 1 - d};
+    int fwd[2] = {0, 0}, bwd[2] = {0, 0}, c = 0;
+    int wq[2 * GP_MAX_CHUNKS][2], wh = 0, wt = 0; /* the W waiting: (chunk, micro-batch), FIFO */
+    bool zb = false;
+#define F(ch) (ord[c++] = (op){GP_INSTR_FORWARD, fwd[ch]++, st[ch]})
+#define B(ch) (ord[c++] = (op){GP_INSTR_BACKWARD, bwd[ch]++, st[ch]})
+#define I(ch)                                                      \
+    do {                                                           \
+        wq[wt][0] = (ch), wq[wt++][1] = bwd[ch];                   \
+        ord[c++] = (op){GP_INSTR_BACKWARD_DATA, bwd[ch]++, st[ch]}; \
+    } while (0)
+#define W()                                                                           \
+    do {                                                                              \
+        if (wh < wt) {                                                                \
+            ord[c++] = (op){GP_INSTR_BACKWARD_WEIGHTS, wq[wh][1], st[wq[wh][0]]};     \
+            wh++;                                                                     \
+        }                                                                             \
+    } while (0)
+    for (int q = 0; q < 2 * (n - d - 1); q++) F(0);
+    for (int q = 0; q < d + 1; q++) F(0), F(1);
+    for (int q = 0; q < n - d - 1; q++) {
+        I(1);
+        W();
+        F(1);
+    }
+    for (int q = 0; q < m - 2 * n + d + 1; q++) F(0), B(1), F(1), B(0);
+    for (int q = 0; q < n - d - 1; q++) B(1), F(1), B(0);
+    for (int q = 0; q < d + 1; q++) {
+        if (q == (d + 1) / 2 && d % 2 == 1) zb = true;
+        if (zb) I(1);
+        else B(1);
+        if (q == (d + 1) / 2 && d % 2 == 0) zb = true;
+        if (zb) I(0);
+        else B(0);
+    }
+    for (int q = 0; q < n - d - 1; q++) {
+        W();
+        if (zb) I(0);
+        else B(0);
+    }
+    while (wh < wt) W();
+#undef F
+#undef B
+#undef I
+#undef W
+    GP_ASSERT(fwd[0] == m && fwd[1] == m && bwd[0] == m && bwd[1] == m);
+    *len = c;
+}
+
 /* The order of computations on every device. */
 static gp_status compute_orders(const gp_schedule_opts *o, int v, op **ord, int *len)
 {
@@ -280,6 +332,10 @@ static gp_status compute_orders(const gp_schedule_opts *o, int v, op **ord, int 
         }
         if (o->kind == GP_SCHEDULE_ZB_V) {
             zb_v_order(n, m, j, ord[j], &len[j]);
+            continue;
+        }
+        if (o->kind == GP_SCHEDULE_DUALPIPE_V) {
+            dualpipe_v_order(n, m, j, ord[j], &len[j]);
             continue;
         }
         if (o->kind == GP_SCHEDULE_GPIPE) {
@@ -356,6 +412,7 @@ const char *gp_schedule_kind_name(gp_schedule_kind k)
     case GP_SCHEDULE_ZB_H1: return "zb-h1";
     case GP_SCHEDULE_INTERLEAVED: return "interleaved";
     case GP_SCHEDULE_ZB_V: return "zb-v";
+    case GP_SCHEDULE_DUALPIPE_V: return "dualpipe-v";
     case GP_SCHEDULE_FILE:
     case GP_SCHEDULE_FILE_V: return "file";
     }
@@ -364,14 +421,14 @@ const char *gp_schedule_kind_name(gp_schedule_kind k)
 
 bool gp_schedule_v_shape(gp_schedule_kind k)
 {
-    return k == GP_SCHEDULE_ZB_V || k == GP_SCHEDULE_FILE_V;
+    return k == GP_SCHEDULE_ZB_V || k == GP_SCHEDULE_DUALPIPE_V || k == GP_SCHEDULE_FILE_V;
 }
 
 int gp_schedule_stages_per_device(gp_schedule_kind k, int virtual_stages)
 {
     if (k == GP_SCHEDULE_INTERLEAVED || k == GP_SCHEDULE_FILE || k == GP_SCHEDULE_FILE_V)
         return virtual_stages > 0 ? virtual_stages : 1;
-    return k == GP_SCHEDULE_ZB_V ? 2 : 1;
+    return k == GP_SCHEDULE_ZB_V || k == GP_SCHEDULE_DUALPIPE_V ? 2 : 1;
 }
 
 int gp_schedule_in_flight_bound(gp_schedule_kind k, int j, int n, int m)
@@ -385,7 +442,7 @@ int gp_schedule_in_flight_bound(gp_schedule_kind k, int j, int n, int m)
 bool gp_schedule_backward_ascending(gp_schedule_kind k) { return k != GP_SCHEDULE_GPIPE; }
 bool gp_schedule_splits_backward(gp_schedule_kind k)
 {
-    return k == GP_SCHEDULE_ZB_H1 || k == GP_SCHEDULE_ZB_V;
+    return k == GP_SCHEDULE_ZB_H1 || k == GP_SCHEDULE_ZB_V || k == GP_SCHEDULE_DUALPIPE_V;
 }
 
 int gp_schedule_interleaved_bound(int d, int n, int v, int m)
@@ -428,9 +485,14 @@ gp_status gp_schedule_make(const gp_schedule_opts *o, gp_schedule *out)
     }
     if (S <= GP_MAX_DEVICES)
         for (int j = 0; j < S; j++) out->dev_of[j] = gp_schedule_device_of(o->kind, n, j);
-    if (o->kind == GP_SCHEDULE_ZB_V && S > GP_MAX_DEVICES)
-        return gp_error_set(GP_ERR_INVALID, "zb-v places 2 stages on each device: at most %d "
-                            "devices (got %d)", GP_MAX_DEVICES / 2, n);
+    if (gp_schedule_v_shape(o->kind) && S > GP_MAX_DEVICES)
+        return gp_error_set(GP_ERR_INVALID, "%s places 2 stages on each device: at most %d "
+                            "devices (got %d)", gp_schedule_kind_name(o->kind),
+                            GP_MAX_DEVICES / 2, n);
+    if (o->kind == GP_SCHEDULE_DUALPIPE_V && m < 2 * n)
+        return gp_error_set(GP_ERR_INVALID, "dualpipe-v needs at least as many micro-batches as "
+                            "stages, 2 x %d devices (got pipeline.chunks = %d): set chunks to "
+                            "%d or more, or use zb-v", n, m, 2 * n);
     if ((o->kind == GP_SCHEDULE_FILE || o->kind == GP_SCHEDULE_FILE_V) &&
         (!o->file || o->file->n != n || o->file->stages != S || o->file->m != m))
         return gp_error_set(GP_ERR_INVALID, "the schedule file %s is for %d devices, %d stages "

@@ -83,6 +83,18 @@
  *     d=0  F0[0] F1[0] F2[0]             F0[3] B0[3] W0[3] F3[0] B0[0] ...
  *     d=1        F0[1]       F0[2] B0[2] W0[2] F1[2] B1[2] ...
  *
+ * DualPipeV (DeepSeek-V3's DualPipe folded into a V, as its authors'
+ * open code and PyTorch's ScheduleDualPipeV run it): the same V, and on
+ * device d, chunks 0 and 1 as in ZB-V: 2 (n - d - 1) forwards of chunk 0;
+ * d + 1 pairs (forward of chunk 0, of chunk 1); n - d - 1 triples (B of
+ * chunk 1 split: I, the oldest W waiting, forward of chunk 1); m - 2n +
+ * d + 1 rounds of (forward of 0, whole backward of 1, forward of 1, whole
+ * backward of 0), the pairs DualPipe overlaps (here one after the other);
+ * n - d - 1 rounds of (backward of 1, forward of 1, backward of 0); d + 1
+ * pairs of backwards (1, then 0), whole for the first half, split (I) for
+ * the rest; n - d - 1 of (the oldest W, a backward of 0); the W left.
+ * It needs m >= 2n, as PyTorch's does.
+ *
  * Clocks in general: a computation runs one clock after the later of the
  * previous computation on its device and the one its input comes from
  * (forward (i, j - 1), backward (i, j + 1)).  For GPipe that gives the
@@ -154,14 +166,15 @@ typedef enum {
     GP_SCHEDULE_ZB_H1,
     GP_SCHEDULE_INTERLEAVED,
     GP_SCHEDULE_ZB_V,
+    GP_SCHEDULE_DUALPIPE_V,
     /* a schedule read from a file (pipeline.schedule: {file: F}), its
      * stages placed in loops or in a V: not among the KINDS the planner
      * and the tests walk */
     GP_SCHEDULE_FILE,
     GP_SCHEDULE_FILE_V
 } gp_schedule_kind;
-#define GP_SCHEDULE_KINDS 5 /* the built-in ones, gpipe .. zb-v */
-/* "gpipe", "1f1b", "zb-h1", "interleaved", "zb-v" */
+#define GP_SCHEDULE_KINDS 6 /* the built-in ones, gpipe .. dualpipe-v */
+/* "gpipe", "1f1b", "zb-h1", "interleaved", "zb-v", "dualpipe-v" */
 const char *gp_schedule_kind_name(gp_schedule_kind k);
 /* Whether schedule k places its stages in a V (zb-v: 2n stages, device d
  * holding stages d and 2n - 1 - d) rather than in loops (stage j on device
@@ -172,7 +185,8 @@ int gp_schedule_stages_per_device(gp_schedule_kind k, int virtual_stages);
 /* The device of stage j (of n x stages per device) over n devices. */
 static inline int gp_schedule_device_of(gp_schedule_kind k, int n, int j)
 {
-    if (k == GP_SCHEDULE_ZB_V || k == GP_SCHEDULE_FILE_V) return j < n ? j : 2 * n - 1 - j;
+    if (k == GP_SCHEDULE_ZB_V || k == GP_SCHEDULE_DUALPIPE_V || k == GP_SCHEDULE_FILE_V)
+        return j < n ? j : 2 * n - 1 - j;
     return j % n;
 }
 /* The most micro-batches in flight on stage j (forwarded, their activations

@@ -26,6 +26,7 @@
 #include "pipeline/schedule.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,6 +187,28 @@ static gp_status parse_rows(gp_schedule_file *f, const char *text, size_t len)
                 const char *a0 = c, *a1 = ce;
                 while (a0 < a1 && (*a0 == ' ' || *a0 == '\t' || *a0 == '"')) a0++;
                 while (a1 > a0 && (a1[-1] == ' ' || a1[-1] == '\t' || a1[-1] == '"')) a1--;
+                /* DualPipe's overlapped pair, "(0F3;3B1)OVERLAP_F_B": its
+                 * actions one after the other */
+                const char *ov = "OVERLAP_F_B";
+                size_t ol = strlen(ov);
+                if (a1 - a0 > (ptrdiff_t)ol + 2 && *a0 == '(' && a1[-(ptrdiff_t)ol - 1] == ')' &&
+                    !strncmp(a1 - ol, ov, ol)) {
+                    const char *sub = a0 + 1, *send = a1 - ol - 1;
+                    while (sub < send) {
+                        const char *se = memchr(sub, ';', (size_t)(send - sub));
+                        if (!se) se = send;
+                        gp_sact a = {.rank = r, .line = line, .col = (int)(sub - p) + 1};
+                        bool skip;
+                        if (!parse_action(sub, (size_t)(se - sub), &a, &skip) || skip)
+                            return gp_error_set(GP_ERR_DATA, "%s:%d:%d: rank %d: '%.*s' in an "
+                                                "OVERLAP_F_B is not a forward or backward",
+                                                f->path, line, a.col, r, (int)(se - sub), sub);
+                        GP_TRY(push(f, r, &a, cap));
+                        sub = se + 1;
+                    }
+                    c = ce + 1;
+                    continue;
+                }
                 if (a1 > a0) {
                     gp_sact a = {.rank = r, .line = line, .col = (int)(a0 - p) + 1};
                     bool skip;

@@ -386,13 +386,19 @@ void gp_model_plan_opts(const gp_config *cfg, int n, gp_plan_opts *o)
      * plan models their memory as 1F1B's stages (the closest schedule the
      * planner walks), each with 1/v of its device. */
     int nd = pc->n_devices > 0 ? pc->n_devices : n, v = n > nd && n % nd == 0 ? n / nd : 1;
-    bool several = pc->schedule == GP_SCHEDULE_INTERLEAVED || pc->schedule == GP_SCHEDULE_ZB_V ||
-                   pc->schedule == GP_SCHEDULE_FILE || pc->schedule == GP_SCHEDULE_FILE_V;
+    bool several = pc->schedule == GP_SCHEDULE_INTERLEAVED || gp_schedule_v_shape(pc->schedule) ||
+                   pc->schedule == GP_SCHEDULE_FILE;
     /* zb-v likewise: its 2n stages hold 1F1B's micro-batches in flight
      * (schedule.h), each with half its device, placed in a V */
     o->schedule = several ? GP_SCHEDULE_1F1B : pc->schedule;
     o->virtual_stages = several ? v : 1;
     o->v_shape = gp_schedule_v_shape(pc->schedule) && v == 2;
+    /* what the split is refined against: the schedule itself, a file's as
+     * its placement's built-in one */
+    o->sim_kind = pc->schedule == GP_SCHEDULE_FILE_V   ? GP_SCHEDULE_ZB_V
+                  : pc->schedule == GP_SCHEDULE_FILE ? GP_SCHEDULE_INTERLEAVED
+                  : several                          ? pc->schedule
+                                                     : GP_SCHEDULE_INTERLEAVED;
     o->lockstep = pc->lockstep;
     for (int j = 0; j < n && j < GP_MAX_DEVICES; j++) {
             int d = o->v_shape ? gp_schedule_device_of(GP_SCHEDULE_ZB_V, nd, j) : j % nd;
@@ -404,7 +410,7 @@ void gp_model_plan_opts(const gp_config *cfg, int n, gp_plan_opts *o)
 int gp_model_virtual(const gp_config *cfg)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
-    if (pc->schedule == GP_SCHEDULE_ZB_V) return 2;
+    if (pc->schedule == GP_SCHEDULE_ZB_V || pc->schedule == GP_SCHEDULE_DUALPIPE_V) return 2;
     if (pc->schedule == GP_SCHEDULE_FILE || pc->schedule == GP_SCHEDULE_FILE_V)
         return pc->virtual_stages > 0 ? pc->virtual_stages : 1;
     return pc->schedule == GP_SCHEDULE_INTERLEAVED && pc->virtual_stages > 1 ? pc->virtual_stages
@@ -419,7 +425,7 @@ static gp_status enough_layers(const gp_config *cfg, int n)
         return gp_error_set(GP_ERR_INVALID,
                             "%s: %d stages (pipeline.devices%s) for a model of %d layer%s: "
                             "every stage needs at least one layer; use at most %d stages",
-                            cfg->path, n, cfg->pipeline.schedule == GP_SCHEDULE_ZB_V ? " x 2 (zb-v)"
+                            cfg->path, n, gp_schedule_v_shape(cfg->pipeline.schedule) ? " x 2 (in a V)"
                                           : gp_model_virtual(cfg) > 1 ? " x pipeline.virtual" : "",
                             L, L == 1 ? "" : "s", L);
     return GP_OK;
@@ -434,7 +440,7 @@ gp_status gp_model_balance_flops(const gp_config *cfg, int n, int *balance)
     int64_t mb = gp_config_replica_batch(cfg) / cfg->pipeline.chunks;
     gp_status s = gp_model_costs(cfg, mb > 0 ? mb : 1, costs);
     if (s == GP_OK) {
-        s = cfg->pipeline.schedule == GP_SCHEDULE_ZB_V && n % 2 == 0
+        s = gp_schedule_v_shape(cfg->pipeline.schedule) && n % 2 == 0
                 ? gp_partition_minmax_v(costs, L, n / 2, balance) /* 2 stages a device */
                 : gp_partition_minmax(costs, L, n, balance);
         if (s == GP_ERR_INVALID) gp_error_wrap(s, "%s", cfg->path); /* name the config */

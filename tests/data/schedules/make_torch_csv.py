@@ -46,6 +46,8 @@ CASES = [  # file stem, class, ranks, micro-batches, stages, placement style
     ("zbv_n4_m8", S.ScheduleZBVZeroBubble, 4, 8, 8, "v"),
     ("interleaved_n2_m4", S.ScheduleInterleaved1F1B, 2, 4, 4, "loop"),
     ("interleaved_zb_n2_m4", S.ScheduleInterleavedZeroBubble, 2, 4, 4, "loop"),
+    ("dualpipev_n2_m4", S.ScheduleDualPipeV, 2, 4, 4, "v"),
+    ("dualpipev_n2_m8", S.ScheduleDualPipeV, 2, 8, 4, "v"),
 ]
 
 if __name__ == "__main__":
