@@ -55,8 +55,6 @@ UNCLONED_OK = {
 }
 
 
-
-
 def main():
     lib = os.path.join(os.environ["GPIPE_BINARY_DIR"], "libgpipe.a")
     out = subprocess.run(["nm", "--defined-only", lib], capture_output=True, text=True)

@@ -41,7 +41,6 @@ GOOD = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_
 GOOD_PARAMS = 256 * 64 + 3 * (2 * 64 + 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128) + 64
 
 
-
 def run(tool, args, timeout=20):
     try:
         r = subprocess.run([os.path.join(BIN, tool)] + args, capture_output=True, text=True,

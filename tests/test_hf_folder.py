@@ -73,7 +73,6 @@ BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(os.path.dirname(__file__),
 SIZES = "layers: 2, heads: 4, kv_heads: 2, width: 32, intermediate: 64, vocab: 256, positions: 16"
 
 
-
 def yaml(d, name, tie, init=None):
     p = os.path.join(d, name)
     with open(p, "w") as f:

@@ -43,8 +43,6 @@ BIN = os.path.join(os.environ.get("GPIPE_BINARY_DIR", os.path.join(SRC, "build")
 WRAP = shlex.split(os.environ.get("GPIPE_TEST_WRAP", ""))
 
 
-
-
 def run(args, env_extra=None, wrap=()):
     env = dict(os.environ)  # CI's AVX2 pass sets GPIPE_CPU_ISA for every test
     env.update(env_extra or {})

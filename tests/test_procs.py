@@ -974,6 +974,13 @@ def main():
         same_run(tmp, "conv-zb-v", CONV, 2, ["pipeline.schedule=zb-v",
                                              "pipeline.balance=[3, 3, 3, 3]",
                                              "pipeline.checkpoint=except_last"])
+        same_run(tmp, "conv-dualpipe-v", CONV, 2, ["pipeline.schedule=dualpipe-v",
+                                                   "pipeline.balance=[3, 3, 3, 3]",
+                                                   "pipeline.chunks=4"])
+        # a schedule read from a file: every rank reads and checks it
+        same_run(tmp, "conv-file", CONV, 2, ["pipeline.schedule={file: %s}" % os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "data", "schedules", "zbv_n2_m4.csv"),
+            "pipeline.balance=[3, 3, 3, 3]", "pipeline.chunks=4"])
         same_run(tmp, "conv-4", CONV, 4, ["pipeline.devices=[cpu:0, cpu:1, cpu:2, cpu:3]",
                                           "pipeline.balance=[3, 3, 3, 3]"])
         same_run(tmp, "unet-4", UNET, 4, ["pipeline.balance=auto"])

@@ -57,8 +57,6 @@ TRAIN_CPUS = ("Nehalem",)  # (c)
 TESTS = {"Haswell-noTSX": ("test_attention",), "Nehalem": ("test_layers",)}
 
 
-
-
 def quiet(out):
     """QEMU's warnings about cpuid bits TCG lacks (pcid, x2apic, ...) left out."""
     return "\n".join(l for l in out.splitlines() if not l.startswith("qemu-x86_64: warning"))

@@ -125,6 +125,13 @@ def main():
             check(compute == rows(os.path.join(DATA, "dualpipev_n2_m%d.csv" % m)),
                   "gpipe's dualpipe-v, m = %d, is PyTorch's DualPipeV: %r %s"
                   % (m, compute, out[-300:]))
+        # with replicas: the file as the built-in on each replica
+        rep = [devices(2), "pipeline.replicas=2", "pipeline.chunks=4"]
+        a = train(tmp, "repfile", rep + ["pipeline.schedule={file: %s}"
+                                         % os.path.join(DATA, "zbv_n2_m4.csv")])
+        b = train(tmp, "repzbv", rep + ["pipeline.schedule=zb-v"])
+        check(a[0] is not None and a[:2] == b[:2],
+              "2 replicas: the file's zb-v and the built-in: %r %r %s" % (a[0], b[0], a[2][-300:]))
         # bad files, refused before anything runs, naming the rank and line
         base = rows(os.path.join(DATA, "zbv_n2_m4_comms.csv"))
 
