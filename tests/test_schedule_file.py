@@ -181,6 +181,14 @@ def main():
         check(rc == 2 and "deadlocks" in out and "rank 0, '0I0' waits for '1I0' on rank 1" in out
               and "rank 1" in out and "cycle.csv:1:" in out,
               "a cycle named: exit %d: %s" % (rc, out[-900:]))
+        # a spreadsheet's byte-order mark (PyTorch's csv.writer ends lines in
+        # CRLF already): the same file
+        path = os.path.join(tmp, "bom.csv")
+        with open(path, "wb") as f:
+            f.write(b"\xef\xbb\xbf" + open(os.path.join(DATA, "zbv_n2_m4.csv"), "rb").read())
+        rc, out = gpipe(tmp, [CFG, "--dry-run"], [devices(2), "pipeline.chunks=4",
+                                                   "pipeline.schedule={file: %s}" % path])
+        check(rc == 0, "a byte-order mark: exit %d: %s" % (rc, out[-500:]))
         # a placement neither in loops nor in a V
         bad = [["0F0", "1F0", "1B0", "0B0"], ["2F0", "3F0", "3B0", "2B0"]]
         path = os.path.join(tmp, "blocks.csv")

@@ -166,6 +166,7 @@ static gp_status parse_rows(gp_schedule_file *f, const char *text, size_t len)
 {
     int cap[GP_MAX_DEVICES] = {0}, line = 1;
     const char *p = text, *end = text + len;
+    if (len >= 3 && !memcmp(text, "\xef\xbb\xbf", 3)) p += 3; /* a spreadsheet's byte-order mark */
     while (p < end) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         const char *le = nl ? nl : end;
@@ -185,8 +186,10 @@ static gp_status parse_rows(gp_schedule_file *f, const char *text, size_t len)
                 const char *ce = memchr(c, ',', (size_t)(le - c));
                 if (!ce) ce = le;
                 const char *a0 = c, *a1 = ce;
-                while (a0 < a1 && (*a0 == ' ' || *a0 == '\t' || *a0 == '"')) a0++;
-                while (a1 > a0 && (a1[-1] == ' ' || a1[-1] == '\t' || a1[-1] == '"')) a1--;
+                while (a0 < a1 && (*a0 == ' ' || *a0 == '\t' || *a0 == '"' || *a0 == '\r')) a0++;
+                while (a1 > a0 && (a1[-1] == ' ' || a1[-1] == '\t' || a1[-1] == '"' ||
+                                   a1[-1] == '\r'))
+                    a1--;
                 /* DualPipe's overlapped pair, "(0F3;3B1)OVERLAP_F_B": its
                  * actions one after the other */
                 const char *ov = "OVERLAP_F_B";
