@@ -125,6 +125,15 @@ def main():
             check(compute == rows(os.path.join(DATA, "dualpipev_n2_m%d.csv" % m)),
                   "gpipe's dualpipe-v, m = %d, is PyTorch's DualPipeV: %r %s"
                   % (m, compute, out[-300:]))
+        # the simulator runs a file's schedule too: the run's last words
+        path = os.path.join(DATA, "zbv_n2_m4.csv")
+        r = subprocess.run([os.path.join(BINDIR, "gpipe-train"), CFG] + sum(
+            (["--set", x] for x in COMMON + [devices(2), "pipeline.chunks=4", "pipeline.balance=auto",
+                                             "pipeline.schedule={file: %s}" % path]), []),
+            cwd=tmp, capture_output=True, text=True, timeout=600,
+            env=dict(os.environ, GPIPE_PROFILE_CACHE=os.path.join(tmp, "cache")))
+        check(r.returncode == 0 and "(schedule file %s, 4 micro-batches); the simulator's" % path
+              in r.stderr, "a file's bubble beside the simulator's: %s" % r.stderr[-600:])
         # with replicas: the file as the built-in on each replica
         rep = [devices(2), "pipeline.replicas=2", "pipeline.chunks=4"]
         a = train(tmp, "repfile", rep + ["pipeline.schedule={file: %s}"

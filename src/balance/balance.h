@@ -384,10 +384,18 @@ gp_status gp_simulate(const gp_profile *p, int n, const int *balance, int m,
                       gp_sim_result *out);
 /* The same for any schedule kind (gp_simulate: GPipe) on n devices;
  * interleaved with v stages per device, balance has n v entries, stage j
- * on device j % n (v is ignored by the other kinds). */
+ * on device j % n (v is ignored by the other kinds; zb-v and dualpipe-v
+ * have 2, in a V). */
 gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n, int v,
                                const int *balance, int m, gp_checkpoint_mode ckpt, bool lockstep,
                                const double *capacity, gp_sim_result *out);
+/* The same for a schedule read from a file (kind GP_SCHEDULE_FILE or
+ * _FILE_V, v its stages per device; file: the config's
+ * pipeline.schedule_file), or any kind where file is NULL. */
+gp_status gp_simulate_schedule_file(const gp_profile *p, gp_schedule_kind kind, int n, int v,
+                                    const struct gp_schedule_file *file, const int *balance,
+                                    int m, gp_checkpoint_mode ckpt, bool lockstep,
+                                    const double *capacity, gp_sim_result *out);
 /* Index into r[0..count) of the recommended run: the smallest m whose
  * throughput is within 5% of the best among those that fit (-1 if none fit). */
 int gp_sim_recommend(const gp_sim_result *r, int count);

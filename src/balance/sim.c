@@ -503,6 +503,15 @@ gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n
                                const int *balance, int m, gp_checkpoint_mode ckpt, bool lockstep,
                                const double *capacity, gp_sim_result *out)
 {
+    return gp_simulate_schedule_file(p, kind, n, v, NULL, balance, m, ckpt, lockstep, capacity,
+                                     out);
+}
+
+gp_status gp_simulate_schedule_file(const gp_profile *p, gp_schedule_kind kind, int n, int v,
+                                    const struct gp_schedule_file *file, const int *balance,
+                                    int m, gp_checkpoint_mode ckpt, bool lockstep,
+                                    const double *capacity, gp_sim_result *out)
+{
     memset(out, 0, sizeof *out);
     out->schedule = kind;
     v = gp_schedule_stages_per_device(kind, v);
@@ -534,7 +543,7 @@ gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n
     GP_TRY(gp_microbatch_split(p->batch, m, sizes));
     gp_schedule sc;
     gp_schedule_opts so = {.kind = kind, .n = n, .m = m, .virtual_stages = v, .checkpoint = ckpt,
-                           .replicas = 1, .update = true, .check = true};
+                           .replicas = 1, .update = true, .check = true, .file = file};
     GP_TRY(gp_schedule_make(&so, &sc));
 
     /* stage times at the (at most two) micro-batch sizes of this split */

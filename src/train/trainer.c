@@ -2014,33 +2014,30 @@ static void report_bubble(train_run *r)
     bool found = false;
     if (gp_model_profile_cached(cfg, &prof, &found) == GP_OK && found) {
         gp_sim_result sim;
-        if (gp_simulate_schedule(&prof, cfg->pipeline.schedule, m->n_devices,
-                                 m->n_stages / m->n_devices, m->balance, cfg->pipeline.chunks,
-                                 cfg->pipeline.checkpoint, cfg->pipeline.lockstep, NULL,
-                                 &sim) == GP_OK)
+        if (gp_simulate_schedule_file(&prof, cfg->pipeline.schedule, m->n_devices,
+                                      m->n_stages / m->n_devices, cfg->pipeline.schedule_file,
+                                      m->balance, cfg->pipeline.chunks, cfg->pipeline.checkpoint,
+                                      cfg->pipeline.lockstep, NULL, &sim) == GP_OK)
             res->bubble_simulated = sim.bubble;
         gp_profile_free(&prof);
     }
     gp_error_clear();
     if (r->opts->quiet) return;
-    bool file = cfg->pipeline.schedule == GP_SCHEDULE_FILE ||
-                cfg->pipeline.schedule == GP_SCHEDULE_FILE_V;
-    if (file)
-        GP_INFO("pipeline bubble %.1f%% over %lld step%s (the schedule of %s, %d micro-batches)",
-                100 * res->bubble, (long long)r->bub_steps, r->bub_steps == 1 ? "" : "s",
-                cfg->pipeline.schedule_path, cfg->pipeline.chunks);
-    else if (isfinite(res->bubble_simulated))
+    char sched[1100];
+    if (cfg->pipeline.schedule == GP_SCHEDULE_FILE || cfg->pipeline.schedule == GP_SCHEDULE_FILE_V)
+        snprintf(sched, sizeof sched, "file %s", cfg->pipeline.schedule_path);
+    else
+        snprintf(sched, sizeof sched, "%s", gp_schedule_kind_name(cfg->pipeline.schedule));
+    if (isfinite(res->bubble_simulated))
         GP_INFO("pipeline bubble %.1f%% over %lld step%s (schedule %s, %d micro-batches); the "
                 "simulator's for this split, from the cached profile: %.1f%%",
-                100 * res->bubble, (long long)r->bub_steps, r->bub_steps == 1 ? "" : "s",
-                gp_schedule_kind_name(cfg->pipeline.schedule), cfg->pipeline.chunks,
-                100 * res->bubble_simulated);
+                100 * res->bubble, (long long)r->bub_steps, r->bub_steps == 1 ? "" : "s", sched,
+                cfg->pipeline.chunks, 100 * res->bubble_simulated);
     else
         GP_INFO("pipeline bubble %.1f%% over %lld step%s (schedule %s, %d micro-batches); no "
                 "profile of this model is cached to simulate it (balance: auto or "
                 "gpipe-balance takes one)", 100 * res->bubble, (long long)r->bub_steps,
-                r->bub_steps == 1 ? "" : "s", gp_schedule_kind_name(cfg->pipeline.schedule),
-                cfg->pipeline.chunks);
+                r->bub_steps == 1 ? "" : "s", sched, cfg->pipeline.chunks);
 }
 
 /* After the last step: its snapshot on disk, the export, a stop asked
