@@ -2,6 +2,8 @@
 #   make train      build Release and train configs/default.yaml
 #   make train-gpt  tokenize Debian's licence texts (data/licenses/) and train
 #                   configs/tiny-gpt.yaml on them (README, "Transformers")
+#   make tokens     only tokenize them (what configs/tiny-gpt.yaml and
+#                   configs/llama-tiny.yaml read)
 #   make test       build and run the whole test suite (ctest)
 #   make build      just build (build/)
 #   make bench      build and run the benchmarks (bench/README.md)
@@ -15,7 +17,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 CONFIG ?= $(ROOT)/configs/default.yaml
 
-.PHONY: all deps build train train-gpt test bench clean
+.PHONY: all deps build train train-gpt tokens test bench clean
 all: build
 
 deps:
@@ -34,6 +36,8 @@ LICENSES := $(ROOT)/data/licenses/licenses_train.bin
 $(LICENSES):
 	/usr/bin/python3 "$(ROOT)/scripts/tokenize_text.py" encode -o "$(ROOT)/data/licenses" \
 	    --name licenses /usr/share/common-licenses/*
+
+tokens: $(LICENSES)
 
 # Snapshots go to runs/tiny-gpt/ (the config's train.snapshot), the final
 # weights to runs/tiny-gpt.safetensors; a second `make train-gpt` goes on
