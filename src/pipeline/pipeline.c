@@ -90,8 +90,8 @@ struct gp_pipeline {
     int rank, replicas;
     bool shard[GP_MAX_DEVICES]; /* stage j's replicas shard its update */
     bool sched_stale;          /* the schedule must be made again */
-    /* zb-h1 without replicas: the order is made again from the stages'
-     * measured forward, backward-data and backward-weights times after
+    /* zb-h1 and zb-v without replicas: the order is made again from the
+     * stages' measured forward, backward-data and backward-weights times after
      * each of the first ZB_TUNE_STEPS steps (the accumulation order, and so
      * the result, stays the same). */
     double durations[3 * GP_MAX_DEVICES];
@@ -2438,7 +2438,8 @@ enum { ZB_TUNE_STEPS = 3 };
  * each replica would measure its own times. */
 static void tune_order(gp_pipeline *p)
 {
-    if (p->opts.schedule != GP_SCHEDULE_ZB_H1 || p->replicas > 1 || p->tuned >= ZB_TUNE_STEPS)
+    if ((p->opts.schedule != GP_SCHEDULE_ZB_H1 && p->opts.schedule != GP_SCHEDULE_ZB_V) ||
+        p->replicas > 1 || p->tuned >= ZB_TUNE_STEPS)
         return;
     double sum[3 * GP_MAX_DEVICES] = {0};
     int cnt[3 * GP_MAX_DEVICES] = {0};

@@ -252,6 +252,112 @@ static void zb_v_order(int n, int m, int d, op *ord, int *len)
     *len = c;
 }
 
+/* ZB-V ordered by the stages' measured times (dur[3 j + 0, 1, 2]: forward,
+ * backward-data, backward-weights of stage j of 2n): a greedy execution
+ * as ZB-H1's, on the V.  A device free at t runs the backward-data whose
+ * gradient is there (the older micro-batch first; chunk 1 on a tie), else
+ * a forward whose input is there and whose chunk has room (ZB-V's own
+ * bounds until the weights pass: 2n - d micro-batches on chunk 0, d + 1 on
+ * chunk 1; chunk 1 first), else its oldest waiting W, else it waits for
+ * the next arrival or another device's next decision.  Each stage still
+ * runs its micro-batches in order in every kind, so the gradients add up
+ * as on one device.  False where it cannot place everything (never seen;
+ * the caller then keeps the fixed pattern). */
+static bool zb_v_timed_orders(int n, int m, const double *dur, op **ord, int *len)
+{
+    int S = 2 * n;
+    size_t cells = (size_t)m * (size_t)S;
+    double *f_end = malloc(cells * sizeof *f_end), *b_end = malloc(cells * sizeof *b_end);
+    int *wq = malloc((size_t)n * 2 * (size_t)m * 2 * sizeof *wq); /* per device: (stage, mb) */
+    bool ok = f_end && b_end && wq;
+    for (size_t q = 0; ok && q < cells; q++) f_end[q] = b_end[q] = -1;
+    int nf[GP_MAX_DEVICES] = {0}, nb[GP_MAX_DEVICES] = {0}, nw[GP_MAX_DEVICES] = {0};
+    int wh[GP_MAX_DEVICES] = {0}, wt[GP_MAX_DEVICES] = {0};
+    double t_free[GP_MAX_DEVICES] = {0};
+    for (int d = 0; d < n; d++) len[d] = 0;
+    int left = 3 * m * S;
+#define ST(d, c) ((c) ? S - 1 - (d) : (d))
+#define UNDONE(d) (nf[(d)] + nb[(d)] + nw[(d)] + nf[S - 1 - (d)] + nb[S - 1 - (d)] + \
+                   nw[S - 1 - (d)] < 6 * m)
+    int spins = 0;
+    while (ok && left > 0) {
+        int d = -1;
+        for (int q = 0; q < n; q++)
+            if (UNDONE(q) && (d < 0 || t_free[q] < t_free[d])) d = q;
+        if (d < 0 || ++spins > 64 * (left + n + 8) + 100000) {
+            ok = false;
+            break;
+        }
+        double t = t_free[d], next = -1;
+        int pick = -1, pc = 0; /* 0: B, 1: F, 2: W; pc: chunk */
+        for (int c = 1; c >= 0; c--) { /* backward-data, the older first, chunk 1 on a tie */
+            int j = ST(d, c), i = nb[j];
+            if (i >= nf[j]) continue;
+            double dep = j == S - 1 ? f_end[(size_t)i * S + j] : b_end[(size_t)i * S + j + 1];
+            if (dep < 0) continue;
+            if (dep > t) {
+                if (next < 0 || dep < next) next = dep;
+                continue;
+            }
+            if (pick < 0 || i < nb[ST(d, pc)]) pick = 0, pc = c;
+        }
+        /* in flight until the weights pass: chunk 0 at most 2n - d, chunk 1
+         * d + 1, both together 2n (1F1B's activations), one place kept for
+         * chunk 1 while it has none (its backwards are what free chunk 0's) */
+        int in0 = nf[ST(d, 0)] - nw[ST(d, 0)], in1 = nf[ST(d, 1)] - nw[ST(d, 1)];
+        bool room[2] = {in0 + 1 <= 2 * n - d && in0 + 1 + (in1 > 0 ? in1 : 1) <= 2 * n,
+                        in1 + 1 <= d + 1 && in0 + in1 + 1 <= 2 * n};
+        for (int c = 1; c >= 0 && pick < 0; c--) { /* a forward with room, chunk 1 first */
+            int j = ST(d, c), i = nf[j];
+            if (i >= m || !room[c]) continue;
+            double dep = j == 0 ? 0 : f_end[(size_t)i * S + j - 1];
+            if (dep < 0) continue;
+            if (dep > t) {
+                if (next < 0 || dep < next) next = dep;
+                continue;
+            }
+            pick = 1, pc = c;
+        }
+        if (pick < 0 && wh[d] < wt[d]) pick = 2;
+        if (pick < 0) { /* wait: the next arrival, or another device's decision */
+            for (int q = 0; q < n; q++)
+                if (q != d && UNDONE(q) && t_free[q] > t && (next < 0 || t_free[q] < next))
+                    next = t_free[q];
+            for (int q = 0; q < n && next < 0; q++)
+                if (q != d && UNDONE(q) && t_free[q] == t) next = t;
+            if (next < 0) {
+                ok = false;
+                break;
+            }
+            t_free[d] = next > t ? next : nextafter(t, 1e300);
+            continue;
+        }
+        int *W = wq + (size_t)d * 4 * (size_t)m;
+        if (pick == 0) {
+            int j = ST(d, pc), i = nb[j]++;
+            b_end[(size_t)i * S + j] = t_free[d] = t + dur[3 * j + 1];
+            ord[d][len[d]++] = (op){GP_INSTR_BACKWARD_DATA, i, j};
+            W[2 * wt[d]] = j, W[2 * wt[d]++ + 1] = i;
+        } else if (pick == 1) {
+            int j = ST(d, pc), i = nf[j]++;
+            f_end[(size_t)i * S + j] = t_free[d] = t + dur[3 * j];
+            ord[d][len[d]++] = (op){GP_INSTR_FORWARD, i, j};
+        } else {
+            int j = W[2 * wh[d]], i = W[2 * wh[d]++ + 1];
+            nw[j]++;
+            t_free[d] = t + dur[3 * j + 2];
+            ord[d][len[d]++] = (op){GP_INSTR_BACKWARD_WEIGHTS, i, j};
+        }
+        left--;
+    }
+#undef ST
+#undef UNDONE
+    free(f_end);
+    free(b_end);
+    free(wq);
+    return ok;
+}
+
 /* DualPipeV's order on device d of n (schedule.h). */
 static void dualpipe_v_order(int n, int m, int d, op *ord, int *len)
 {
@@ -331,6 +437,9 @@ static gp_status compute_orders(const gp_schedule_opts *o, int v, op **ord, int 
             continue;
         }
         if (o->kind == GP_SCHEDULE_ZB_V) {
+            /* measured times: the greedy order for them (all devices at
+             * once), else (or where it cannot place all) the pattern */
+            if (j == 0 && o->durations && zb_v_timed_orders(n, m, o->durations, ord, len)) break;
             zb_v_order(n, m, j, ord[j], &len[j]);
             continue;
         }
