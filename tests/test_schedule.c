@@ -653,6 +653,7 @@ static const double *v_durations;
 static void check_v(gp_schedule_kind kind)
 {
     bool dp = kind == GP_SCHEDULE_DUALPIPE_V; /* whole backwards too; m >= 2n */
+    bool capped = kind == GP_SCHEDULE_V_HALF || kind == GP_SCHEDULE_V_MIN;
     const char *kn = gp_schedule_kind_name(kind);
     int cases = 0, bad = 0, want_cases = 0;
     for (int n = 1; n <= MAX_N; n++)
@@ -742,8 +743,11 @@ static void check_v(gp_schedule_kind kind)
                         }
                         if (flight > peak) peak = flight;
                     }
-                    /* dualpipe-v holds more: 2n on device 0, up to 3n at the turn */
-                    if (peak > (dp ? 3 * n : S < 2 * m ? S : 2 * m))
+                    /* dualpipe-v holds more: 2n on device 0, up to 3n at the turn;
+                     * v-half and v-min their budgets: n, about 2n / 3, >= 2 */
+                    int budget = kind == GP_SCHEDULE_V_HALF ? n : (2 * n + 2) / 3;
+                    if (budget < 2) budget = 2;
+                    if (peak > (dp ? 3 * n : capped ? budget : S < 2 * m ? S : 2 * m))
                         ok = false, why = "device in flight";
                 }
                 for (int i = 0; i < m; i++)
@@ -757,7 +761,8 @@ static void check_v(gp_schedule_kind kind)
                 int span = 0;
                 ok = ok && run_split(&s, true, NULL) && run_split(&s, false, &span);
                 /* (a whole backward is one unit here, for two halves' work) */
-                if (ok && !dp && !v_durations && m >= S && ck == 0 && span > 6 * m + 3 * S)
+                if (ok && !dp && !capped && !v_durations && m >= S && ck == 0 &&
+                    span > 6 * m + 3 * S)
                     ok = false, why = "bubble";
                 cases++;
                 if (!ok) {
@@ -770,7 +775,7 @@ static void check_v(gp_schedule_kind kind)
     CHECK_MSG(bad == 0 && cases == want_cases && cases > 300, "%s: %d of %d cases wrong", kn,
               bad, cases);
     /* the bubble, against 1F1B's over n stages of the same (doubled) work */
-    for (int n = 2; n <= 4 && !dp && !v_durations; n++) {
+    for (int n = 2; n <= 4 && !dp && !capped && !v_durations; n++) {
         gp_schedule_opts o = {.kind = kind, .n = n, .m = 4 * n, .replicas = 1};
         gp_schedule s;
         int span = 0;
@@ -872,6 +877,8 @@ int main(void)
     check_interleaved();
     check_v(GP_SCHEDULE_ZB_V);
     check_v(GP_SCHEDULE_DUALPIPE_V);
+    check_v(GP_SCHEDULE_V_HALF);
+    check_v(GP_SCHEDULE_V_MIN);
     /* zb-v ordered by measured times (the executor's, after its first
      * steps): any times give a valid order, every check above holding,
      * and unequal stages a shorter step than the fixed pattern's */
@@ -884,6 +891,7 @@ int main(void)
         }
         v_durations = dur;
         check_v(GP_SCHEDULE_ZB_V);
+        check_v(trial % 2 ? GP_SCHEDULE_V_HALF : GP_SCHEDULE_V_MIN);
     }
     v_durations = NULL;
     zb_v_uneven();

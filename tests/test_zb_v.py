@@ -9,7 +9,7 @@ grouped-query attention), on synthetic tokens, a few steps of 4 micro-batches.
     never, and 4 devices (8 stages) with except_last: every step's loss and
     the exported weights (gpipe's format: no timestamps, the same weights
     the same bytes) are the one-device run's, bit for bit; dualpipe-v on 2
-    devices (m = 4 = its 4 stages) too;
+    devices (m = 4 = its 4 stages), v-half on 2 and v-min on 4 too;
   - 2 replicas of 2 devices: the same bits as 1F1B on the same replicas
     (both add each stage's micro-batches in order; the replicas' sum is the
     all-reduce's, which differs from one device's order);
@@ -71,7 +71,8 @@ def main():
                 continue
             for sched, devs, ck in (("zb-v", 2, "always"), ("zb-v", 2, "never"),
                                     ("zb-v", 4, "except_last"), ("dualpipe-v", 2, "always"),
-                                    ("dualpipe-v", 2, "except_last")):
+                                    ("dualpipe-v", 2, "except_last"), ("v-half", 2, "never"),
+                                    ("v-min", 4, "always")):
                 dl = "[" + ", ".join("cpu:%d" % d for d in range(devs)) + "]"
                 got, w, err = train(tmp, "%s%d%s" % (sched, devs, ck), cfg,
                                     ["pipeline.devices=" + dl, "pipeline.schedule=" + sched,

@@ -845,9 +845,14 @@ int main(int argc, char **argv)
                 runs[n_runs].kind = GP_SCHEDULE_ZB_V;
                 runs[n_runs].v = 2;
                 runs[n_runs++].bal = balz;
-                runs[n_runs].kind = GP_SCHEDULE_DUALPIPE_V; /* the same split: the same V */
-                runs[n_runs].v = 2;
-                runs[n_runs++].bal = balz;
+                /* the same split: the same V */
+                static const gp_schedule_kind vk[3] = {GP_SCHEDULE_DUALPIPE_V, GP_SCHEDULE_V_HALF,
+                                                       GP_SCHEDULE_V_MIN};
+                for (int q = 0; q < 3; q++) {
+                    runs[n_runs].kind = vk[q];
+                    runs[n_runs].v = 2;
+                    runs[n_runs++].bal = balz;
+                }
             }
             gp_error_clear();
         }

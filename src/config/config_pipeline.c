@@ -374,7 +374,7 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
 
     /* the schedule, and for interleaving the stages per device */
     static const char *const k_schedules[] = {"gpipe", "1f1b", "zb-h1", "interleaved", "zb-v",
-                                              "dualpipe-v"};
+                                              "dualpipe-v", "v-half", "v-min"};
     _Static_assert(GP_COUNT(k_schedules) == GP_SCHEDULE_KINDS, "a name for every schedule");
     int sk = 0;
     const gp_ynode *sn = gp_ymap_get(m, "schedule");
@@ -387,7 +387,8 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
     }
     pc->schedule = (gp_schedule_kind)sk;
     bool il = pc->schedule == GP_SCHEDULE_INTERLEAVED;
-    bool zv = pc->schedule == GP_SCHEDULE_ZB_V || pc->schedule == GP_SCHEDULE_DUALPIPE_V;
+    bool zv = gp_schedule_v_shape(pc->schedule); /* (a file's is read above) */
+    if (pc->schedule == GP_SCHEDULE_FILE_V) zv = false;
     bool fl = pc->schedule == GP_SCHEDULE_FILE || pc->schedule == GP_SCHEDULE_FILE_V;
     int file_v = pc->virtual_stages;
     GP_TRY(gp_cfg_get_int32(w, m, "pipeline", "virtual", il || zv ? 2 : fl ? file_v : 1, 1,

@@ -2438,7 +2438,9 @@ enum { ZB_TUNE_STEPS = 3 };
  * each replica would measure its own times. */
 static void tune_order(gp_pipeline *p)
 {
-    if ((p->opts.schedule != GP_SCHEDULE_ZB_H1 && p->opts.schedule != GP_SCHEDULE_ZB_V) ||
+    gp_schedule_kind k = p->opts.schedule;
+    if ((k != GP_SCHEDULE_ZB_H1 && k != GP_SCHEDULE_ZB_V && k != GP_SCHEDULE_V_HALF &&
+         k != GP_SCHEDULE_V_MIN) ||
         p->replicas > 1 || p->tuned >= ZB_TUNE_STEPS)
         return;
     double sum[3 * GP_MAX_DEVICES] = {0};

@@ -263,7 +263,7 @@ static void zb_v_order(int n, int m, int d, op *ord, int *len)
  * runs its micro-batches in order in every kind, so the gradients add up
  * as on one device.  False where it cannot place everything (never seen;
  * the caller then keeps the fixed pattern). */
-static bool zb_v_timed_orders(int n, int m, const double *dur, op **ord, int *len)
+static bool zb_v_timed_orders(int n, int m, const double *dur, int cap, op **ord, int *len)
 {
     int S = 2 * n;
     size_t cells = (size_t)m * (size_t)S;
@@ -305,8 +305,8 @@ static bool zb_v_timed_orders(int n, int m, const double *dur, op **ord, int *le
          * d + 1, both together 2n (1F1B's activations), one place kept for
          * chunk 1 while it has none (its backwards are what free chunk 0's) */
         int in0 = nf[ST(d, 0)] - nw[ST(d, 0)], in1 = nf[ST(d, 1)] - nw[ST(d, 1)];
-        bool room[2] = {in0 + 1 <= 2 * n - d && in0 + 1 + (in1 > 0 ? in1 : 1) <= 2 * n,
-                        in1 + 1 <= d + 1 && in0 + in1 + 1 <= 2 * n};
+        bool room[2] = {in0 + 1 <= 2 * n - d && in0 + 1 + (in1 > 0 ? in1 : 1) <= cap,
+                        in1 + 1 <= d + 1 && in0 + in1 + 1 <= cap};
         for (int c = 1; c >= 0 && pick < 0; c--) { /* a forward with room, chunk 1 first */
             int j = ST(d, c), i = nf[j];
             if (i >= m || !room[c]) continue;
@@ -335,17 +335,17 @@ static bool zb_v_timed_orders(int n, int m, const double *dur, op **ord, int *le
         int *W = wq + (size_t)d * 4 * (size_t)m;
         if (pick == 0) {
             int j = ST(d, pc), i = nb[j]++;
-            b_end[(size_t)i * S + j] = t_free[d] = t + dur[3 * j + 1];
+            b_end[(size_t)i * S + j] = t_free[d] = t + (dur ? dur[3 * j + 1] : 1);
             ord[d][len[d]++] = (op){GP_INSTR_BACKWARD_DATA, i, j};
             W[2 * wt[d]] = j, W[2 * wt[d]++ + 1] = i;
         } else if (pick == 1) {
             int j = ST(d, pc), i = nf[j]++;
-            f_end[(size_t)i * S + j] = t_free[d] = t + dur[3 * j];
+            f_end[(size_t)i * S + j] = t_free[d] = t + (dur ? dur[3 * j] : 1);
             ord[d][len[d]++] = (op){GP_INSTR_FORWARD, i, j};
         } else {
             int j = W[2 * wh[d]], i = W[2 * wh[d]++ + 1];
             nw[j]++;
-            t_free[d] = t + dur[3 * j + 2];
+            t_free[d] = t + (dur ? dur[3 * j + 2] : 1);
             ord[d][len[d]++] = (op){GP_INSTR_BACKWARD_WEIGHTS, i, j};
         }
         left--;
@@ -439,9 +439,23 @@ static gp_status compute_orders(const gp_schedule_opts *o, int v, op **ord, int 
         if (o->kind == GP_SCHEDULE_ZB_V) {
             /* measured times: the greedy order for them (all devices at
              * once), else (or where it cannot place all) the pattern */
-            if (j == 0 && o->durations && zb_v_timed_orders(n, m, o->durations, ord, len)) break;
+            if (j == 0 && o->durations &&
+                zb_v_timed_orders(n, m, o->durations, 2 * n, ord, len))
+                break;
             zb_v_order(n, m, j, ord[j], &len[j]);
             continue;
+        }
+        if (o->kind == GP_SCHEDULE_V_HALF || o->kind == GP_SCHEDULE_V_MIN) {
+            /* the greedy in unit (or measured) times within a device's
+             * budget of (micro-batch, stage) pairs: n (half of ZB-V's),
+             * or about a third of 2n; at least 2 (one a chunk) */
+            int cap = o->kind == GP_SCHEDULE_V_HALF ? n : (2 * n + 2) / 3;
+            if (cap < 2) cap = 2;
+            if (!zb_v_timed_orders(n, m, o->durations, cap, ord, len))
+                return gp_error_set(GP_ERR_INVALID, "schedule %s could not be placed for %d "
+                                    "devices and %d micro-batches (a bug)",
+                                    gp_schedule_kind_name(o->kind), n, m);
+            break;
         }
         if (o->kind == GP_SCHEDULE_DUALPIPE_V) {
             dualpipe_v_order(n, m, j, ord[j], &len[j]);
@@ -522,6 +536,8 @@ const char *gp_schedule_kind_name(gp_schedule_kind k)
     case GP_SCHEDULE_INTERLEAVED: return "interleaved";
     case GP_SCHEDULE_ZB_V: return "zb-v";
     case GP_SCHEDULE_DUALPIPE_V: return "dualpipe-v";
+    case GP_SCHEDULE_V_HALF: return "v-half";
+    case GP_SCHEDULE_V_MIN: return "v-min";
     case GP_SCHEDULE_FILE:
     case GP_SCHEDULE_FILE_V: return "file";
     }
@@ -530,14 +546,15 @@ const char *gp_schedule_kind_name(gp_schedule_kind k)
 
 bool gp_schedule_v_shape(gp_schedule_kind k)
 {
-    return k == GP_SCHEDULE_ZB_V || k == GP_SCHEDULE_DUALPIPE_V || k == GP_SCHEDULE_FILE_V;
+    return k == GP_SCHEDULE_ZB_V || k == GP_SCHEDULE_DUALPIPE_V || k == GP_SCHEDULE_V_HALF ||
+           k == GP_SCHEDULE_V_MIN || k == GP_SCHEDULE_FILE_V;
 }
 
 int gp_schedule_stages_per_device(gp_schedule_kind k, int virtual_stages)
 {
     if (k == GP_SCHEDULE_INTERLEAVED || k == GP_SCHEDULE_FILE || k == GP_SCHEDULE_FILE_V)
         return virtual_stages > 0 ? virtual_stages : 1;
-    return k == GP_SCHEDULE_ZB_V || k == GP_SCHEDULE_DUALPIPE_V ? 2 : 1;
+    return gp_schedule_v_shape(k) ? 2 : 1;
 }
 
 int gp_schedule_in_flight_bound(gp_schedule_kind k, int j, int n, int m)
@@ -545,13 +562,20 @@ int gp_schedule_in_flight_bound(gp_schedule_kind k, int j, int n, int m)
     if (k == GP_SCHEDULE_1F1B) return n - j < m ? n - j : m;
     if (k == GP_SCHEDULE_ZB_H1) return n - j + 1 < m ? n - j + 1 : m;
     if (k == GP_SCHEDULE_ZB_V) return 2 * n - j < m ? 2 * n - j : m; /* n devices, 2n stages */
+    if (k == GP_SCHEDULE_V_HALF || k == GP_SCHEDULE_V_MIN) {
+        int cap = k == GP_SCHEDULE_V_HALF ? n : (2 * n + 2) / 3, b = 2 * n - j;
+        if (cap < 2) cap = 2;
+        b = j < n ? (b < cap - 1 ? b : cap - 1) : (b < cap ? b : cap); /* chunk 1 keeps one */
+        return b < m ? b : m;
+    }
     return m;
 }
 
 bool gp_schedule_backward_ascending(gp_schedule_kind k) { return k != GP_SCHEDULE_GPIPE; }
 bool gp_schedule_splits_backward(gp_schedule_kind k)
 {
-    return k == GP_SCHEDULE_ZB_H1 || k == GP_SCHEDULE_ZB_V || k == GP_SCHEDULE_DUALPIPE_V;
+    return k == GP_SCHEDULE_ZB_H1 || k == GP_SCHEDULE_ZB_V || k == GP_SCHEDULE_DUALPIPE_V ||
+           k == GP_SCHEDULE_V_HALF || k == GP_SCHEDULE_V_MIN;
 }
 
 int gp_schedule_interleaved_bound(int d, int n, int v, int m)

@@ -88,6 +88,14 @@
  *     d=0  F0[0] F1[0] F2[0]             F0[3] B0[3] W0[3] F3[0] B0[0] ...
  *     d=1        F0[1]       F0[2] B0[2] W0[2] F1[2] B1[2] ...
  *
+ * V-Half and V-Min (the zero-bubble paper's follow-up on V-shape
+ * schedules): ZB-V's V and split backwards with a device's (micro-batch,
+ * stage) pairs in flight capped at n (half of ZB-V's 2n: half of 1F1B's
+ * activation memory) or about 2n / 3 (a third), at least 2; the order is
+ * the greedy execution ZB-V takes with measured times, in unit times until
+ * those are known, one place kept for chunk 1 while it has none.  Less
+ * memory for more bubble.
+ *
  * DualPipeV (DeepSeek-V3's DualPipe folded into a V, as its authors'
  * open code and PyTorch's ScheduleDualPipeV run it): the same V, and on
  * device d, chunks 0 and 1 as in ZB-V: 2 (n - d - 1) forwards of chunk 0;
@@ -172,14 +180,17 @@ typedef enum {
     GP_SCHEDULE_INTERLEAVED,
     GP_SCHEDULE_ZB_V,
     GP_SCHEDULE_DUALPIPE_V,
+    GP_SCHEDULE_V_HALF,
+    GP_SCHEDULE_V_MIN,
     /* a schedule read from a file (pipeline.schedule: {file: F}), its
      * stages placed in loops or in a V: not among the KINDS the planner
      * and the tests walk */
     GP_SCHEDULE_FILE,
     GP_SCHEDULE_FILE_V
 } gp_schedule_kind;
-#define GP_SCHEDULE_KINDS 6 /* the built-in ones, gpipe .. dualpipe-v */
-/* "gpipe", "1f1b", "zb-h1", "interleaved", "zb-v", "dualpipe-v" */
+#define GP_SCHEDULE_KINDS 8 /* the built-in ones, gpipe .. v-min */
+/* "gpipe", "1f1b", "zb-h1", "interleaved", "zb-v", "dualpipe-v", "v-half",
+ * "v-min" */
 const char *gp_schedule_kind_name(gp_schedule_kind k);
 /* Whether schedule k places its stages in a V (zb-v: 2n stages, device d
  * holding stages d and 2n - 1 - d) rather than in loops (stage j on device
@@ -190,7 +201,8 @@ int gp_schedule_stages_per_device(gp_schedule_kind k, int virtual_stages);
 /* The device of stage j (of n x stages per device) over n devices. */
 static inline int gp_schedule_device_of(gp_schedule_kind k, int n, int j)
 {
-    if (k == GP_SCHEDULE_ZB_V || k == GP_SCHEDULE_DUALPIPE_V || k == GP_SCHEDULE_FILE_V)
+    if (k == GP_SCHEDULE_ZB_V || k == GP_SCHEDULE_DUALPIPE_V || k == GP_SCHEDULE_V_HALF ||
+        k == GP_SCHEDULE_V_MIN || k == GP_SCHEDULE_FILE_V)
         return j < n ? j : 2 * n - 1 - j;
     return j % n;
 }

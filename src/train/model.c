@@ -410,7 +410,7 @@ void gp_model_plan_opts(const gp_config *cfg, int n, gp_plan_opts *o)
 int gp_model_virtual(const gp_config *cfg)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
-    if (pc->schedule == GP_SCHEDULE_ZB_V || pc->schedule == GP_SCHEDULE_DUALPIPE_V) return 2;
+    if (gp_schedule_v_shape(pc->schedule) && pc->schedule != GP_SCHEDULE_FILE_V) return 2;
     if (pc->schedule == GP_SCHEDULE_FILE || pc->schedule == GP_SCHEDULE_FILE_V)
         return pc->virtual_stages > 0 ? pc->virtual_stages : 1;
     return pc->schedule == GP_SCHEDULE_INTERLEAVED && pc->virtual_stages > 1 ? pc->virtual_stages
