@@ -15,7 +15,7 @@ build=${1:-$here/build}
 out=${2:-$here/docs}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-for s in gpipe 1f1b zb-h1 interleaved zb-v dualpipe-v; do
+for s in gpipe 1f1b zb-h1 interleaved zb-v dualpipe-v v-half v-min; do
     "$build/gpipe-train" "$here/configs/default.yaml" -q --set data.dataset=synthetic \
         --set 'pipeline.devices=[cpu:0, cpu:1]' --set pipeline.threads=1 \
         --set train.batch_size=256 --set pipeline.chunks=4 --set pipeline.checkpoint=never \
