@@ -8,6 +8,9 @@
  *     m = 8 (1F1B keeps 2 micro-batches alive there, GPipe 8), from the
  *     device's allocator; step time at the same m;
  *   - interleaved with v = 2 stages per device, bubble at m = 8;
+ *   - the V schedules (zb-v, dualpipe-v, v-half, v-min: 4 stages, 2 per
+ *     device): bubble, throughput and device 0's activations against 1F1B
+ *     at m = 8 (issue 78's bars);
  *   - the simulator: each schedule's step time and device 0's peak memory
  *     predicted from one profile, against runs with the planned balance;
  *   - bubble: the idle share of each device's step at m = 4, from the
@@ -142,6 +145,12 @@ int main(int argc, char **argv)
            bub8[GP_SCHEDULE_ZB_V] / bub8[GP_SCHEDULE_1F1B],
            (double)mem[GP_SCHEDULE_ZB_V].act0 / (double)mem[GP_SCHEDULE_1F1B].act0,
            step8[GP_SCHEDULE_1F1B] / step8[GP_SCHEDULE_ZB_V]);
+    for (int k = GP_SCHEDULE_DUALPIPE_V; k <= GP_SCHEDULE_V_MIN; k++)
+        printf("%s / 1f1b, m = 8: bubble %.2f, stage-0 device's activation peak %.2f, "
+               "throughput %.3f\n", gp_schedule_kind_name((gp_schedule_kind)k),
+               bub8[k] / bub8[GP_SCHEDULE_1F1B],
+               (double)mem[k].act0 / (double)mem[GP_SCHEDULE_1F1B].act0,
+               step8[GP_SCHEDULE_1F1B] / step8[k]);
     return simulator(&cfg, steps, rounds);
 }
 
