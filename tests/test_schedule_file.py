@@ -41,6 +41,11 @@ DATA = os.path.join(SRC, "tests", "data", "schedules")
 CFG = os.path.join(SRC, "configs", "tiny-gpt.yaml")
 COMMON = ["data.dataset=synthetic", "train.steps=2", "train.batch_size=8",
           "train.snapshot.every_steps=0", "pipeline.threads=1"]
+# Under the sanitizers (CI's ASan stage sets GPIPE_SANITIZED) each run is
+# 10-30x slower: the same GPT with 2 blocks of width 32 over 32 positions.
+if os.environ.get("GPIPE_SANITIZED"):
+    COMMON += ["model.input=[32]", "model.gpt={layers: 2, heads: 2, width: 32, positions: 32, "
+               "vocab: 256, tie: true}"]
 
 
 def gpipe(tmp, args, sets, tool="gpipe-train"):

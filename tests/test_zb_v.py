@@ -38,8 +38,21 @@ BIN = os.path.join(os.environ.get("GPIPE_BINARY_DIR", os.path.join(SRC, "build")
                    "gpipe-train")
 
 
+# Under the sanitizers (CI's ASan stage sets GPIPE_SANITIZED) each run is
+# 10-30x slower: the same configs with smaller blocks (2 of width 32, 32
+# positions), the same layer kinds, schedules and checks.
+SMALL = {"configs/tiny-gpt.yaml": ["model.input=[32]", "model.gpt={layers: 2, heads: 2, "
+                                   "width: 32, positions: 32, vocab: 256, tie: true}"],
+         "configs/llama-tiny.yaml": ["model.input=[32]", "model.llama={layers: 2, heads: 2, "
+                                     "kv_heads: 1, width: 32, intermediate: 64, vocab: 256, "
+                                     "positions: 32, tie: true}"]}
+SANITIZED = bool(os.environ.get("GPIPE_SANITIZED"))
+
+
 def train(tmp, name, cfg, sets):
     """Losses per step and the exported weights' bytes of one run."""
+    if SANITIZED:
+        sets = SMALL[cfg] + list(sets)
     metrics = os.path.join(tmp, name + ".jsonl")
     weights = os.path.join(tmp, name + ".safetensors")
     args = [BIN, os.path.join(SRC, cfg), "-q", "--metrics", metrics, "--export-weights", weights,
@@ -94,7 +107,10 @@ def main():
             check(got is not None and len(got) == 3, "%s zb-v balance auto: %s" % (tag, err))
         # the bubble in every step's record, and beside the simulator's at the end
         metrics = os.path.join(tmp, "bub.jsonl")
-        r = subprocess.run([BIN, os.path.join(SRC, "configs/llama-tiny.yaml"), "--metrics",
+        small = sum((["--set", x] for x in SMALL["configs/llama-tiny.yaml"]), []) \
+            if SANITIZED else []
+        r = subprocess.run([BIN, os.path.join(SRC, "configs/llama-tiny.yaml")] + small + [
+                            "--metrics",
                             metrics, "--set", "data.dataset=synthetic", "--set", "train.steps=3",
                             "--set", "train.batch_size=8", "--set", "pipeline.chunks=4",
                             "--set", "train.snapshot.every_steps=0", "--set",

@@ -90,8 +90,8 @@ struct gp_pipeline {
     int rank, replicas;
     bool shard[GP_MAX_DEVICES]; /* stage j's replicas shard its update */
     bool sched_stale;          /* the schedule must be made again */
-    /* zb-h1 and zb-v without replicas: the order is made again from the
-     * stages' measured forward, backward-data and backward-weights times after
+    /* zb-h1, v-half and v-min without replicas: the order is made again from
+     * the stages' measured forward, backward-data and backward-weights times after
      * each of the first ZB_TUNE_STEPS steps (the accumulation order, and so
      * the result, stays the same). */
     double durations[3 * GP_MAX_DEVICES];
@@ -2439,8 +2439,7 @@ enum { ZB_TUNE_STEPS = 3 };
 static void tune_order(gp_pipeline *p)
 {
     gp_schedule_kind k = p->opts.schedule;
-    if ((k != GP_SCHEDULE_ZB_H1 && k != GP_SCHEDULE_ZB_V && k != GP_SCHEDULE_V_HALF &&
-         k != GP_SCHEDULE_V_MIN) ||
+    if ((k != GP_SCHEDULE_ZB_H1 && k != GP_SCHEDULE_V_HALF && k != GP_SCHEDULE_V_MIN) ||
         p->replicas > 1 || p->tuned >= ZB_TUNE_STEPS)
         return;
     double sum[3 * GP_MAX_DEVICES] = {0};

@@ -252,17 +252,20 @@ static void zb_v_order(int n, int m, int d, op *ord, int *len)
     *len = c;
 }
 
-/* ZB-V ordered by the stages' measured times (dur[3 j + 0, 1, 2]: forward,
- * backward-data, backward-weights of stage j of 2n): a greedy execution
- * as ZB-H1's, on the V.  A device free at t runs the backward-data whose
- * gradient is there (the older micro-batch first; chunk 1 on a tie), else
- * a forward whose input is there and whose chunk has room (ZB-V's own
- * bounds until the weights pass: 2n - d micro-batches on chunk 0, d + 1 on
- * chunk 1; chunk 1 first), else its oldest waiting W, else it waits for
- * the next arrival or another device's next decision.  Each stage still
- * runs its micro-batches in order in every kind, so the gradients add up
- * as on one device.  False where it cannot place everything (never seen;
- * the caller then keeps the fixed pattern). */
+/* V-Half's and V-Min's orders: a greedy execution on the V as ZB-H1's, in
+ * the stages' times (dur[3 j + 0, 1, 2]: forward, backward-data,
+ * backward-weights of stage j of 2n; NULL: one unit each).  A device free
+ * at t runs the backward-data whose gradient is there (the older
+ * micro-batch first; chunk 1 on a tie), else a forward whose input is
+ * there and whose chunk has room (at most ZB-V's bounds until the weights
+ * pass, 2n - d micro-batches on chunk 0 and d + 1 on chunk 1, and `cap` on
+ * the device, one place kept for chunk 1 while it has none; chunk 1
+ * first), else its oldest waiting W, else it waits for the next arrival or
+ * another device's next decision.  Each stage runs its micro-batches in
+ * order in every kind, so the gradients add up as on one device.  False
+ * where it cannot place everything (never seen in test_schedule's
+ * cases).  (ZB-V itself ordered so was slower than its pattern:
+ * bench/README.md.) */
 static bool zb_v_timed_orders(int n, int m, const double *dur, int cap, op **ord, int *len)
 {
     int S = 2 * n;
@@ -437,11 +440,9 @@ static gp_status compute_orders(const gp_schedule_opts *o, int v, op **ord, int 
             continue;
         }
         if (o->kind == GP_SCHEDULE_ZB_V) {
-            /* measured times: the greedy order for them (all devices at
-             * once), else (or where it cannot place all) the pattern */
-            if (j == 0 && o->durations &&
-                zb_v_timed_orders(n, m, o->durations, 2 * n, ord, len))
-                break;
+            /* the pattern, measured times or not: ordered greedily by the
+             * times of configs/tiny-gpt.yaml's stages its step was 8%
+             * longer, and bench/mlp.yaml's 2% (bench/README.md) */
             zb_v_order(n, m, j, ord[j], &len[j]);
             continue;
         }

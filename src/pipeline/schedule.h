@@ -77,12 +77,7 @@
  * (what the paper's figure and PyTorch do for small m).  With equal
  * forward, backward-data and backward-weights times its bubble is about
  * zero; at most 2n (micro-batch, stage) pairs are in flight on a device,
- * each half a 1F1B stage: 1F1B's activation memory.  With the stages'
- * measured times (gp_schedule_opts.durations; the executor's, without
- * replicas, after its first steps) the order is instead a greedy execution
- * in those times, as ZB-H1's, within the same bounds: stages of unequal
- * times then wait less than in the pattern, made for equal ones.  n = 2,
- * m = 4 (stage
+ * each half a 1F1B stage: 1F1B's activation memory.  n = 2, m = 4 (stage
  * in brackets; clocks as below):
  *
  *     d=0  F0[0] F1[0] F2[0]             F0[3] B0[3] W0[3] F3[0] B0[0] ...
