@@ -1924,6 +1924,54 @@ static int schedule_memory_attempt(bool last, int nd, bool sample)
             gp_model_free(&model);
             for (int j = 0; j < nd; j++) gp_device_close(devs[j]);
         }
+    /* the V schedules (two stages a device) and interleaved (2 a device),
+     * each with one checkpoint mode: the simulator's device peaks
+     * (gp_simulate_memory, the stages' bytes added instruction by
+     * instruction) against the allocator's */
+    for (int kind = GP_SCHEDULE_INTERLEAVED; kind < GP_SCHEDULE_KINDS; kind++) {
+        if (sample && kind != GP_SCHEDULE_ZB_V) continue;
+        int ck = kind % 3, S = 2 * nd, vb[GP_MAX_DEVICES];
+        for (int j = 0; j < S; j++) vb[j] = L / S + (j < L % S);
+        cfg.pipeline.schedule = (gp_schedule_kind)kind;
+        cfg.pipeline.virtual_stages = 2;
+        cfg.pipeline.checkpoint = (gp_checkpoint_mode)ck;
+        cfg.pipeline.n_balance = S;
+        for (int j = 0; j < S; j++) cfg.pipeline.balance[j] = vb[j];
+        /* (dualpipe-v feeds both ends: 2n micro-batches at least) */
+        cfg.pipeline.chunks = kind == GP_SCHEDULE_DUALPIPE_V ? 2 * nd : 4;
+        double peak[GP_MAX_DEVICES];
+        CHECK_OK(gp_simulate_memory(&p, (gp_schedule_kind)kind, nd, 2, NULL, vb,
+                                    cfg.pipeline.chunks, (gp_checkpoint_mode)ck, peak));
+        gp_device *devs[GP_MAX_DEVICES];
+        gp_model model;
+        CHECK_OK(gp_train_open(&cfg, devs, &model, true));
+        int64_t b = 16, per = 3 * 64 * 64, t = model.targets;
+        float *x = malloc((size_t)(b * per) * sizeof *x), *y = malloc((size_t)(b * t) * sizeof *y);
+        gp_rng_uniform_fill(5, 6, 0, x, b * per);
+        for (int64_t i = 0; i < b * t; i++) y[i] = x[i % (b * per)] > 0.5f;
+        for (int it = 0; it < 2; it++) {
+            if (it == 1)
+                for (int j = 0; j < nd; j++) gp_allocator_reset_peak(&devs[j]->alloc);
+            CHECK_OK(gp_model_pipeline_step(&model, &cfg, x, y, b, 0.0, NULL));
+        }
+        for (int j = 0; j < nd; j++) {
+            double got = (double)devs[j]->alloc.peak, want = peak[j];
+            /* several stages a device: the model errs high (up to 1.53x
+             * measured here, 2026-11-29), within the bounds above */
+            bool ok = want / got > 0.85 && want / got < 2.0;
+            if ((!ok && last) || getenv("GPIPE_TEST_VERBOSE"))
+                printf("test_balance: %d devices, %s, %s, device %d: simulated peak %.2f MiB, "
+                       "measured %.2f MiB (ratio %.3f)\n", nd,
+                       gp_schedule_kind_name((gp_schedule_kind)kind),
+                       gp_checkpoint_mode_name((gp_checkpoint_mode)ck), j, want / 1048576.0,
+                       got / 1048576.0, want / got);
+            bad += !ok;
+        }
+        free(x);
+        free(y);
+        gp_model_free(&model);
+        for (int j = 0; j < nd; j++) gp_device_close(devs[j]);
+    }
     gp_profile_free(&p);
     gp_config_free(&cfg);
     return bad;
@@ -1941,9 +1989,9 @@ static void test_schedule_memory(bool sample)
         int bad = 0;
         for (int a = 0; a < 3; a++)
             if ((bad = schedule_memory_attempt(a == 2, nd, sample)) == 0) break;
-        CHECK_MSG(bad == 0, "%d stages: planned peaks under 0.85x (or over 2x) the measured ones "
-                  "in %d of %d (schedule, checkpoint, device) cases", nd, bad,
-                  (sample ? 3 : 9) * nd);
+        CHECK_MSG(bad == 0, "%d devices: planned peaks under 0.85x (or over 2x) the measured "
+                  "ones in %d of %d (schedule, checkpoint, device) cases", nd, bad,
+                  (sample ? 4 : 14) * nd);
     }
     if (sample)
         printf("test_balance: ThreadSanitizer: planned vs measured peaks for 3 of the 9 "
@@ -1980,10 +2028,131 @@ static void test_replica_batch(void)
     gp_config_free(&cfg);
 }
 
+/* gp_profile_estimate (shapes alone) against the memory-only profile
+ * (every layer built and run, the allocator's counters) of the same model:
+ * inputs, outputs and the layout flags equal; parameters, gradients and
+ * optimizer state within 5% or 4 KiB (a batch norm's statistics
+ * accumulators are its own, not counted); what each layer keeps for
+ * backward within 2% or 256 bytes a sample; each device's peak under every
+ * built-in schedule at most the measured profile's (which adds the measured
+ * workspace the estimate cannot know, so a run is never refused on an
+ * estimate its measurement would pass) and, with that workspace left out
+ * of both, within 3% of it. */
+static void test_profile_estimate(void)
+{
+    const char *files[][3] = {
+        {"configs/default.yaml", "pipeline.chunks=4", NULL},
+        {"bench/mlp.yaml", "pipeline.chunks=8", NULL},
+        {"bench/convnet.yaml", "pipeline.chunks=4", "train.batch_size=32"},
+        {"configs/tiny-gpt.yaml", "train.batch_size=8", NULL},
+        {"configs/llama-tiny.yaml", "train.batch_size=8", NULL},
+        {"configs/unet.yaml", "train.batch_size=4", "pipeline.chunks=2"},
+        {"configs/amoebanet-d.yaml", "train.batch_size=4", "pipeline.chunks=2"},
+    };
+    int nf = (int)(sizeof files / sizeof files[0]);
+    if (gpt_sanitizer() != GPT_SAN_NONE) nf = 3; /* (the small ones: each runs every layer) */
+    for (int f = 0; f < nf; f++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", GPIPE_SOURCE_DIR, files[f][0]);
+        const char *ov[2];
+        int no = 0;
+        for (int q = 1; q < 3; q++)
+            if (files[f][q]) ov[no++] = files[f][q];
+        gp_config cfg;
+        if (gp_config_load(path, ov, no, &cfg) != GP_OK) {
+            CHECK_MSG(false, "%s: %s", files[f][0], gp_error_message());
+            continue;
+        }
+        gp_profile e, m;
+        gp_model_profile_opts mo = {.timed = false, .warmup = 0, .reps = 1};
+        gp_device *dev = NULL;
+        gp_device_opts dop = {.threads = 1};
+        CHECK_OK(gp_device_open("cpu:0", &dop, &dev));
+        bool ok = gp_model_profile_estimate(&cfg, dev, &e) == GP_OK;
+        gp_device_close(dev);
+        CHECK_MSG(ok, "%s: estimate: %s", files[f][0], gp_error_message());
+        if (ok && gp_model_profile(&cfg, &mo, &m) != GP_OK) {
+            CHECK_MSG(false, "%s: profile: %s", files[f][0], gp_error_message());
+            gp_profile_free(&e);
+            ok = false;
+        }
+        if (!ok) {
+            gp_config_free(&cfg);
+            continue;
+        }
+        CHECK(e.L == m.L && e.n_skips == m.n_skips && e.model_hash == m.model_hash &&
+              e.first_trainable == m.first_trainable);
+        int bad = 0;
+        for (int k = 0; k < e.L && k < m.L; k++) {
+            const gp_layer_mem *a = &e.mem[k], *b = &m.mem[k];
+#define NEAR(x, y) (fabs((double)(x) - (double)(y)) <= fmax(0.05 * (double)(y), 4096.0))
+            bool same = NEAR(a->param_bytes, b->param_bytes) &&
+                        NEAR(a->grad_bytes, b->grad_bytes) &&
+                        NEAR(a->optim_bytes, b->optim_bytes) &&
+                        a->in_per_sample == b->in_per_sample &&
+                        a->out_per_sample == b->out_per_sample && a->inplace == b->inplace &&
+                        a->unkept == b->unkept && a->fused == b->fused &&
+                        fabs(a->keep_per_sample - b->keep_per_sample) <=
+                            fmax(0.02 * b->keep_per_sample, 256.0);
+            if (!same && bad++ < 4)
+                printf("test_balance: %s layer %d %s: params %zu/%zu grads %zu/%zu optim "
+                       "%zu/%zu keep %.0f/%.0f in %.0f/%.0f out %.0f/%.0f flags %d%d%d/%d%d%d "
+                       "(estimated/measured)\n", files[f][0], k, b->desc, a->param_bytes,
+                       b->param_bytes, a->grad_bytes, b->grad_bytes, a->optim_bytes,
+                       b->optim_bytes, a->keep_per_sample, b->keep_per_sample, a->in_per_sample,
+                       b->in_per_sample, a->out_per_sample, b->out_per_sample, a->inplace,
+                       a->unkept, a->fused, b->inplace, b->unkept, b->fused);
+        }
+#undef NEAR
+        CHECK_MSG(bad == 0, "%s: %d layers estimated otherwise than measured", files[f][0], bad);
+        gp_profile m0 = m; /* the measured profile without its workspace */
+        gp_layer_mem *mem0 = malloc((size_t)m.L * sizeof *mem0);
+        if (!mem0) {
+            CHECK_MSG(false, "out of memory");
+            gp_profile_free(&e);
+            gp_profile_free(&m);
+            gp_config_free(&cfg);
+            continue;
+        }
+        memcpy(mem0, m.mem, (size_t)m.L * sizeof *mem0);
+        for (int k = 0; k < m.L; k++) mem0[k].workspace_bytes = 0;
+        m0.mem = mem0;
+        /* each device's peak, 2 devices, every built-in schedule */
+        for (int kind = 0; kind < GP_SCHEDULE_KINDS && e.L >= 4; kind++) {
+            int n = 2, v = gp_schedule_stages_per_device((gp_schedule_kind)kind,
+                                                         kind == GP_SCHEDULE_INTERLEAVED ? 2 : 1);
+            int S = n * v, bal[GP_MAX_DEVICES];
+            for (int j = 0; j < S; j++) bal[j] = e.L / S + (j < e.L % S);
+            int mm = cfg.pipeline.chunks < 2 * n ? 2 * n : cfg.pipeline.chunks;
+            double pe[GP_MAX_DEVICES], pm[GP_MAX_DEVICES], p0[GP_MAX_DEVICES];
+            if (gp_simulate_memory(&e, (gp_schedule_kind)kind, n, v, NULL, bal, mm,
+                                   GP_CKPT_EXCEPT_LAST, pe) != GP_OK ||
+                gp_simulate_memory(&m, (gp_schedule_kind)kind, n, v, NULL, bal, mm,
+                                   GP_CKPT_EXCEPT_LAST, pm) != GP_OK ||
+                gp_simulate_memory(&m0, (gp_schedule_kind)kind, n, v, NULL, bal, mm,
+                                   GP_CKPT_EXCEPT_LAST, p0) != GP_OK) {
+                CHECK_MSG(false, "%s %s: %s", files[f][0],
+                          gp_schedule_kind_name((gp_schedule_kind)kind), gp_error_message());
+                continue;
+            }
+            for (int d = 0; d < n; d++)
+                CHECK_MSG(pe[d] <= pm[d] && fabs(pe[d] - p0[d]) <= 0.03 * p0[d],
+                          "%s %s device %d: estimated peak %.0f, measured profile's %.0f (%.0f "
+                          "without its workspace)", files[f][0],
+                          gp_schedule_kind_name((gp_schedule_kind)kind), d, pe[d], pm[d], p0[d]);
+        }
+        free(mem0);
+        gp_profile_free(&e);
+        gp_profile_free(&m);
+        gp_config_free(&cfg);
+    }
+}
+
 int main(void)
 {
     gp_log_set_level(GP_LOG_WARN);
     test_replica_batch();
+    test_profile_estimate();
     test_profile_search();
     test_profiler();
     test_profile_twins();

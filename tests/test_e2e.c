@@ -283,6 +283,31 @@ static void test_cli_errors(void)
                   !strstr(out, "micro-batches"),
               "a run whose weights cannot fit: exit %d, %s", rc_huge, out);
 
+    /* activations too (issue 78, item 3): a capacity above the weights
+     * but below a device's estimated peak under the run's schedule stops
+     * the run before its first step, naming the device, the schedule and
+     * the escape; --dry-run prints every device's peak and notes it */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --set train.steps=1 --set "
+             "'pipeline.devices=[cpu:0, cpu:1]' --set 'pipeline.balance=[5, 8]' --set "
+             "pipeline.memory=16MiB --set pipeline.schedule=1f1b", bin, GPIPE_SOURCE_DIR);
+    rc_huge = run(cmd, out, sizeof out);
+    CHECK_MSG(rc_huge == 4 && strstr(out, "default.yaml: cpu:0 needs about ") &&
+                  strstr(out, "at a step's peak (weights, gradients and momentum and the "
+                              "activations of 1 micro-batch under schedule 1f1b, checkpoint "
+                              "except_last") &&
+                  strstr(out, "more than its pipeline.memory of 16.0 MiB") &&
+                  strstr(out, "GPIPE_MEMORY_CHECK=0") && !strstr(out, "step 1"),
+              "activations that cannot fit: exit %d, %s", rc_huge, out);
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set "
+             "'pipeline.devices=[cpu:0, cpu:1]' --set 'pipeline.balance=[5, 8]' --set "
+             "pipeline.memory=16MiB --set pipeline.schedule=1f1b", bin, GPIPE_SOURCE_DIR);
+    rc_huge = run(cmd, out, sizeof out);
+    CHECK_MSG(rc_huge == 0 && strstr(out, "memory at a step's peak (schedule 1f1b, 1 micro-batch "
+                                          "of up to 64, checkpoint except_last;") &&
+                  strstr(out, ": cpu:0 ") && strstr(out, ", cpu:1 ") &&
+                  strstr(out, "note: cpu:0 needs about ") &&
+                  strstr(out, "a run would stop at start-up"),
+              "--dry-run's peaks: exit %d, %s", rc_huge, out);
     /* replicas are in the summary (it showed replica 0's devices alone) */
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set pipeline.replicas=2 "
              "--set 'pipeline.devices=[cpu:0, cpu:1]'", bin, GPIPE_SOURCE_DIR);

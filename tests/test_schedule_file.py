@@ -19,7 +19,14 @@ action CSV, and gpipe-balance --write-schedule writes one.
     cycle named), a stage the others do not reach, a truncated action, a
     truncated row, a stage on two ranks, a receive after what reads it, a
     placement neither in loops nor in a V, too many rows, and micro-batches
-    that are not pipeline.chunks.
+    that are not pipeline.chunks; two receives missing (the first one's
+    rank named), a send of a stage or micro-batch no computation has, a row
+    longer than any schedule's;
+  - the memory check before the first step, for zb-v and for a file: a
+    pipeline.memory below the simulator's estimated peak of a device is
+    refused at start-up naming the device and schedule (and the same run
+    with GPIPE_MEMORY_CHECK=0 does run out of memory in its step), one at
+    1.5x the estimate trains.
 
 Needs GPIPE_BINARY_DIR (set by CTest) and GPIPE_SOURCE_DIR.  Prints
 "test_schedule_file: N passed, N failed" last.
@@ -139,6 +146,18 @@ def main():
             env=dict(os.environ, GPIPE_PROFILE_CACHE=os.path.join(tmp, "cache")))
         check(r.returncode == 0 and "(schedule file %s, 4 micro-batches); the simulator's" % path
               in r.stderr, "a file's bubble beside the simulator's: %s" % r.stderr[-600:])
+        # gpipe-balance --write keeps a file schedule whose path has a quote
+        # and a backslash (it wrote them bare into a double-quoted scalar)
+        odd = os.path.join(tmp, 'q"uo\\te.csv')
+        shutil.copy(os.path.join(DATA, "zbv_n2_m4.csv"), odd)
+        written = os.path.join(tmp, "written.yaml")
+        rc, out = gpipe(tmp, [CFG, "--by", "size", "-q", "--write", written],
+                        [devices(2), "pipeline.chunks=4", "pipeline.schedule={file: '%s'}" % odd],
+                        "gpipe-balance")
+        rc2, out2 = gpipe(tmp, [written, "--dry-run"], []) if rc == 0 else (rc, out)
+        check(rc == 0 and rc2 == 0 and odd in out2,
+              "--write of a file schedule with a quote in its path: %d %d %s %s"
+              % (rc, rc2, out[-300:], out2[-300:]))
         # with replicas: the file as the built-in on each replica
         rep = [devices(2), "pipeline.replicas=2", "pipeline.chunks=4"]
         a = train(tmp, "repfile", rep + ["pipeline.schedule={file: %s}"
@@ -184,6 +203,18 @@ def main():
                 ["rank 0", ":1:", "'3RECV_F0'", "received after the forward"])
         variant("too_many_rows", lambda r: r.append(list(r[1])), ["3 rows", "lists 2"])
         variant("chunks", lambda r: None, ["runs 4 micro-batches", "set chunks: 4"], m=8)
+        # rank 1's RECV_F and rank 0's RECV_B of micro-batch 2 gone: the
+        # first missing is rank 1's (it named rank 0, the other's)
+        variant("two_missing", lambda r: (drop(r, 1, "1RECV_F2"), drop(r, 0, "0RECV_B2")),
+                ["rank 1 has no RECV_F", ":2:"])
+        # a send of a stage or micro-batch no computation names
+        variant("send_no_stage", lambda r: r[0].append("5SEND_F0"),
+                ["rank 0", ":1:", "'5SEND_F0'", "no stage 5"])
+        variant("send_no_mb", lambda r: r[0].append("0SEND_F9"),
+                ["rank 0", ":1:", "'0SEND_F9'", "no micro-batch 9", "0 .. 3"])
+        # a row longer than any schedule's (7 actions a stage and micro-batch)
+        variant("long_row", lambda r: r[0].extend(["0F0"] * 7 * 1024 * 64),
+                ["rank 0", ":1:", "more than 458752 actions in one row"])
         # a deadlock: rank 0 runs stage 0's backward-data before stage 3's
         # forward, whose backward it waits for through rank 1
         dl = [["0F0", "0I0", "3F0", "3I0", "3W0", "0W0"], ["1F0", "2F0", "2I0", "2W0", "1I0", "1W0"]]
@@ -212,9 +243,65 @@ def main():
                                                    "pipeline.schedule={file: %s}" % path])
         check(rc == 2 and "in loops" in out and "in a V" in out and "rank 0" in out,
               "stages in blocks refused: exit %d: %s" % (rc, out[-700:]))
+        memory_check(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return finish("test_schedule_file")
+
+
+UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def peaks(out):
+    """--dry-run's line of each device's bytes at a step's peak."""
+    m = re.search(r"memory at a step's peak \((.*?)\):((?: cpu:\d+ [\d.]+ \w+,?)+)", out)
+    if not m:
+        return None, []
+    return m.group(1), [float(v) * UNITS[u] for v, u in
+                        re.findall(r"cpu:\d+ ([\d.]+) (\w+)", m.group(2))]
+
+
+def memory_check(tmp):
+    """Item 3's memory check: before the first step, each device's peak under
+    the run's own schedule (built-in or from a file) against its
+    pipeline.memory.  Below the estimate the run stops at start-up naming the
+    device and the schedule; with the check off the same run stops in its
+    first step, out of memory (the estimate was right to refuse); at 1.5x the
+    estimate it trains."""
+    for name, sched in (("zb-v", "pipeline.schedule=zb-v"),
+                        ("file", "pipeline.schedule={file: %s}"
+                         % os.path.join(DATA, "zbv_n2_m4.csv"))):
+        sets = [devices(2), "pipeline.chunks=4", sched, "train.steps=1"]
+        rc, out = gpipe(tmp, [CFG, "--dry-run"], sets)
+        what, pk = peaks(out)
+        check(rc == 0 and len(pk) == 2 and all(p > 0 for p in pk) and what is not None
+              and ("zb-v" in what if name == "zb-v" else "zbv_n2_m4.csv" in what),
+              "%s: --dry-run gives each device's peak: exit %d: %s" % (name, rc, out[-600:]))
+        if len(pk) != 2:
+            continue
+        tight = "pipeline.memory=%dKiB" % int(max(pk) * 0.9 / 1024)
+        rc, out = gpipe(tmp, [CFG, "-q"], sets + [tight])
+        want = "the schedule in " if name == "file" else "schedule zb-v"
+        check(rc == 4 and "at a step's peak" in out and want in out and "step 1" not in out
+              and "GPIPE_MEMORY_CHECK=0" in out,
+              "%s: refused before the first step at 0.9x its peak: exit %d: %s"
+              % (name, rc, out[-700:]))
+        rc2, out2 = gpipe(tmp, [CFG, "--dry-run"], sets + [tight])
+        check(rc2 == 0 and "a run would stop at start-up" in out2,
+              "%s: --dry-run notes the device that would not fit: %s" % (name, out2[-600:]))
+        env = dict(os.environ, GPIPE_MEMORY_CHECK="0")
+        cmd = [os.path.join(BINDIR, "gpipe-train"), CFG, "-q"]
+        for x in COMMON + sets + [tight]:
+            cmd += ["--set", x]
+        r = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, errors="replace",
+                           timeout=600, stdin=subprocess.DEVNULL, env=env)
+        check(r.returncode == 4 and "out of memory on device" in r.stdout + r.stderr,
+              "%s: with the check off the run runs out of memory in its step: exit %d: %s"
+              % (name, r.returncode, (r.stdout + r.stderr)[-600:]))
+        roomy = "pipeline.memory=%dKiB" % int(max(pk) * 1.5 / 1024)
+        rc, out = gpipe(tmp, [CFG, "-q"], sets + [roomy])
+        check(rc == 0, "%s: trains within 1.5x its estimated peak: exit %d: %s"
+              % (name, rc, out[-600:]))
 
 
 if __name__ == "__main__":

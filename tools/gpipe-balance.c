@@ -142,8 +142,17 @@ static gp_status write_config(const char *out_path, const gp_config *cfg, const 
     bool file = pc->schedule == GP_SCHEDULE_FILE || pc->schedule == GP_SCHEDULE_FILE_V;
     fprintf(o, "]\n  chunks: %d\n  checkpoint: %s\n  lockstep: %s\n", pc->chunks,
             gp_checkpoint_mode_name(pc->checkpoint), pc->lockstep ? "true" : "false");
-    if (file) fprintf(o, "  schedule: {file: \"%s\"}\n", pc->schedule_path);
-    else fprintf(o, "  schedule: %s\n", gp_schedule_kind_name(pc->schedule));
+    if (file) { /* a double-quoted scalar: its quotes, backslashes and controls escaped */
+        fputs("  schedule: {file: \"", o);
+        for (const unsigned char *c = (const unsigned char *)pc->schedule_path; *c; c++) {
+            if (*c == '"' || *c == '\\') fprintf(o, "\\%c", *c);
+            else if (*c < 0x20 || *c == 0x7f) fprintf(o, "\\x%02x", *c);
+            else fputc(*c, o);
+        }
+        fputs("\"}\n", o);
+    } else {
+        fprintf(o, "  schedule: %s\n", gp_schedule_kind_name(pc->schedule));
+    }
     if (v > 1 && pc->schedule == GP_SCHEDULE_INTERLEAVED) fprintf(o, "  virtual: %d\n", v);
     if (pc->threads) fprintf(o, "  threads: %d\n", pc->threads);
     char sz[32];

@@ -191,6 +191,13 @@ typedef struct gp_profile_opts {
  * are stored per sample where they scale with the micro-batch. */
 gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[3],
                          const gp_profile_opts *opts, gp_profile *out);
+/* The same model's memory columns from its shapes alone (no device is
+ * opened, nothing runs; no times, no workspace; dev, optional, says
+ * what its backend keeps for a pooling): what a run checks its
+ * activation memory against when no measured profile is cached. */
+gp_status gp_profile_estimate(const gp_layer_spec *specs, int L, const int64_t input[3],
+                              const gp_profile_opts *opts, struct gp_device *dev,
+                              gp_profile *out);
 void gp_profile_free(gp_profile *p);
 /* Save as JSON / load what gp_profile_save wrote (messages name the file and
  * the key that is wrong). */
@@ -257,6 +264,12 @@ gp_stage_times gp_stage_times_of(const gp_profile *p, const gp_layer_times *lt, 
  * that leaves like its output. */
 double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const int64_t *sizes,
                            int j, int first, int count);
+/* The same, and level[c] (optional; count[d] entries, d the stage's
+ * device) the stage's bytes during instruction c of its device's list
+ * (another stage's instruction: what this one holds meanwhile), so a
+ * device's stages add up instruction by instruction. */
+double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const int64_t *sizes,
+                           int j, int first, int count, double *level);
 
 /* ---- partitioner ---------------------------------------------------------- */
 
@@ -396,6 +409,12 @@ gp_status gp_simulate_schedule_file(const gp_profile *p, gp_schedule_kind kind, 
                                     const struct gp_schedule_file *file, const int *balance,
                                     int m, gp_checkpoint_mode ckpt, bool lockstep,
                                     const double *capacity, gp_sim_result *out);
+/* Each of the n devices' peak bytes (peak[n]) under that schedule, split
+ * and m, from the profile's memory columns alone (times are not needed: a
+ * gp_profile_estimate will do). */
+gp_status gp_simulate_memory(const gp_profile *p, gp_schedule_kind kind, int n, int v,
+                             const struct gp_schedule_file *file, const int *balance, int m,
+                             gp_checkpoint_mode ckpt, double *peak);
 /* Index into r[0..count) of the recommended run: the smallest m whose
  * throughput is within 5% of the best among those that fit (-1 if none fit). */
 int gp_sim_recommend(const gp_sim_result *r, int count);

@@ -1226,3 +1226,81 @@ void gp_profile_times_at(const gp_profile *p, int64_t s, gp_layer_times *out, do
     if (upload) *upload = LERP(p->upload[a], p->upload[b]);
 #undef LERP
 }
+
+/* ---- a profile from shapes alone ---------------------------------------------
+ *
+ * The memory columns of a profile, from each layer's shapes and what it
+ * says it saves (ops->saved_bytes, the --dry-run table's activation
+ * column): nothing is allocated or run, so any model's is instant.  No
+ * times (timed false; the simulator's memory walk, gp_stage_peak_bytes,
+ * needs none), no workspace (unknown without running: the estimate errs
+ * low by it).  dev (optional) answers what the backend keeps (a pooling's
+ * indices); without one those count nothing.  What a run checks its memory against before the first step
+ * where no measured profile of the model is cached. */
+gp_status gp_profile_estimate(const gp_layer_spec *specs, int L, const int64_t input[3],
+                              const gp_profile_opts *o, gp_device *dev, gp_profile *out)
+{
+    memset(out, 0, sizeof *out);
+    gp_profile_opts oo = *o;
+    oo.timed = false;
+    GP_TRY(profile_begin(specs, L, input, &oo, out));
+    gp_skip_map map;
+    gp_shape *outs = malloc((size_t)L * sizeof *outs);
+    bool *flags = calloc(3 * (size_t)L, sizeof *flags);
+    gp_status s = outs && flags ? gp_skip_map_build(specs, L, &map)
+                                : gp_error_set(GP_ERR_OOM, "out of host memory");
+    if (s != GP_OK) {
+        free(outs);
+        free(flags);
+        gp_profile_free(out);
+        return s;
+    }
+    bool *inplace = flags, *unkept = flags + L, *fused = flags + 2 * L;
+    gp_layer_specs_inplace(specs, L, inplace);
+    gp_layer_specs_unkept(specs, L, inplace, unkept);
+    gp_layer_specs_relu_fused(specs, L, inplace, fused);
+    gp_shape in_shape = gp_shape_4d(1, input[0], input[1], input[2]);
+    int slots = o->optim_slots < 2 ? o->optim_slots : 2;
+    out->first_trainable = L;
+    for (int k = 0; k < L && s == GP_OK; k++) {
+        gp_shape in[1 + GP_MAX_POPS];
+        gp_skip_map_inputs(&map, k, &in_shape, outs, in);
+        gp_layer l;
+        memset(&l, 0, sizeof l);
+        s = gp_layer_meta(&specs[k], k, in, &l);
+        if (s != GP_OK) break;
+        outs[k] = l.out_shape;
+        l.dev = dev; /* (asked, not used: what a pooling keeps is its backend's) */
+        gp_layer_mem *mm = &out->mem[k];
+        char set_note[sizeof l.spec.set];
+        memcpy(set_note, l.spec.set, sizeof set_note);
+        l.spec.set[0] = '\0'; /* (as profile_layer_memory names it) */
+        gp_layer_describe(&l, mm->desc, sizeof mm->desc);
+        gp_profile_layer_spec(&specs[k], mm->spec, sizeof mm->spec);
+        int64_t np = gp_layer_param_count(&l), tied = gp_layer_tied_count(&l);
+        if (np > 0 && out->first_trainable == L) out->first_trainable = k;
+        /* values and gradients (a tied replica too), buffers' values, and
+         * the optimizer's slots for what this layer itself updates */
+        mm->param_bytes = (size_t)(np + gp_layer_buffer_count(&l)) * sizeof(float);
+        mm->grad_bytes = (size_t)np * sizeof(float);
+        mm->optim_bytes = (size_t)(np - tied) * (size_t)slots * sizeof(float);
+        mm->in_per_sample = (double)gp_shape_numel(&l.in_shape) * sizeof(float);
+        mm->out_per_sample = (double)gp_shape_numel(&l.out_shape) * sizeof(float);
+        /* per sample at the largest micro-batch, as measured (a batch
+         * norm's saved statistics are per micro-batch) */
+        int64_t b = out->sizes[out->n_sizes - 1];
+        mm->keep_per_sample =
+            (inplace[k] || unkept[k] ? 0.0 : mm->out_per_sample) +
+            (l.ops->saved_bytes ? (double)l.ops->saved_bytes(&l, b) / (double)b : 0.0);
+        mm->inplace = inplace[k];
+        mm->unkept = unkept[k];
+        mm->fused = fused[k];
+        mm->flops_per_sample = l.ops->flops(&l, 1);
+        gp_layer_destroy(&l); /* (its parameters' table) */
+    }
+    gp_skip_map_free(&map);
+    free(outs);
+    free(flags);
+    if (s != GP_OK) gp_profile_free(out);
+    return s;
+}

@@ -223,22 +223,18 @@ static double jitem_req(jctx *c, const gp_json_value *list, int z, const char *k
 gp_status gp_profile_load(const char *path, gp_profile *out)
 {
     memset(out, 0, sizeof *out);
-    FILE *f = gp_fopen_regular(path);
-    if (!f)
-        return gp_error_set(GP_ERR_IO, "cannot read profile '%s': %s", path,
-                            gp_open_strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = len >= 0 ? malloc((size_t)len + 1) : NULL;
-    if (!buf || fread(buf, 1, (size_t)len, f) != (size_t)len) {
-        free(buf);
-        fclose(f);
-        return gp_error_set(GP_ERR_IO, "cannot read profile '%s'", path);
-    }
-    fclose(f);
+    char *buf;
+    size_t len;
+    /* (a profile is about a kilobyte a layer: 1 GiB is a million layers) */
+    int rr = gp_read_regular(path, (size_t)1 << 30, &buf, &len);
+    if (rr > 0)
+        return gp_error_set(GP_ERR_DATA, "profile '%s' is more than 1 GiB: is it a profile?",
+                            path);
+    if (rr < 0)
+        return gp_error_set(errno == ENOMEM ? GP_ERR_OOM : GP_ERR_IO, "cannot read profile "
+                            "'%s': %s", path, gp_open_strerror(errno));
     gp_json_reader r;
-    gp_json_value *root = gp_json_parse(buf, (size_t)len, &r);
+    gp_json_value *root = gp_json_parse(buf, len, &r);
     int line = 0, column = 0;
     if (!root) gp_json_where(&r, r.err_at, &line, &column); /* it reads buf */
     free(buf);

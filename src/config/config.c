@@ -243,41 +243,18 @@ gp_status gp_config_load_with(const char *path, const char *const *overrides,
 {
     memset(out, 0, sizeof *out);
     if (!path) return gp_error_set(GP_ERR_INVALID, "no config path given");
-    FILE *f = gp_fopen_regular(path);
-    if (!f) {
-        int e = errno;
+    char *buf;
+    size_t len;
+    int r = gp_read_regular(path, GP_CONFIG_MAX_BYTES, &buf, &len);
+    if (r > 0)
+        return gp_error_set(GP_ERR_INVALID, "%s: larger than %zu MiB; is this a config?", path,
+                            GP_CONFIG_MAX_BYTES >> 20);
+    if (r < 0 && errno == ENOMEM)
+        return gp_error_set(GP_ERR_IO, "%s: out of memory reading the config", path);
+    if (r < 0)
         return gp_error_set(GP_ERR_IO, "%s: cannot open the config: %s", path,
-                            gp_open_strerror(e));
-    }
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    gp_status s = GP_OK;
-    while (buf) {
-        if (len == cap) {
-            if (cap >= GP_CONFIG_MAX_BYTES) {
-                s = gp_error_set(GP_ERR_INVALID, "%s: larger than %zu MiB; is this a config?",
-                                 path, GP_CONFIG_MAX_BYTES >> 20);
-                break;
-            }
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) break;
-            buf = nb;
-            cap *= 2;
-        }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) {
-            if (ferror(f)) {
-                int e = errno;
-                s = gp_error_set(GP_ERR_IO, "%s: cannot read the config: %s", path,
-                                 strerror(e));
-            }
-            break;
-        }
-    }
-    fclose(f);
-    if (!buf) return gp_error_set(GP_ERR_IO, "%s: out of memory reading the config", path);
-    if (s == GP_OK) s = gp_config_parse_with(path, buf, len, overrides, n_overrides, src, out);
+                            gp_open_strerror(errno));
+    gp_status s = gp_config_parse_with(path, buf, len, overrides, n_overrides, src, out);
     free(buf);
     return s;
 }

@@ -182,6 +182,12 @@ const char *gp_write_advice(int e, char *buf, size_t len);
 int gp_open_regular(const char *path);
 FILE *gp_fopen_regular(const char *path);
 const char *gp_open_strerror(int e);
+/* The regular file at path read whole (gp_open_regular) into *text, NUL
+ * after its *len bytes (free it): 0; a file over max bytes: 1, nothing
+ * read; it cannot be opened or read: -1, errno says why (ENOMEM: no host
+ * memory).  For the small inputs read at once: configs, schedules,
+ * config.json, profiles; each says its own error. */
+int gp_read_regular(const char *path, size_t max, char **text, size_t *len);
 
 /* An environment variable read as an option is (issue 77: =-5 was taken,
  * =20kB read as 20): unset or empty gives def; otherwise the whole value

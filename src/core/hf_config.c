@@ -9,8 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 void gp_hf_config_free(gp_hf_config *c)
 {
@@ -46,43 +44,16 @@ gp_status gp_hf_json_read(const char *path, gp_hf_config *c)
 {
     memset(c, 0, sizeof *c);
     snprintf(c->path, sizeof c->path, "%s", path);
-    int fd = gp_open_regular(c->path);
-    if (fd < 0) {
-        if (errno == ENOENT) return GP_OK;
-        return gp_error_set(GP_ERR_IO, "cannot read '%s': %s", c->path, gp_open_strerror(errno));
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return gp_error_set(GP_ERR_IO, "cannot read '%s': %s", c->path, strerror(e));
-    }
-    if ((size_t)st.st_size > GP_HF_CONFIG_MAX) {
-        close(fd);
-        return gp_error_set(GP_ERR_DATA, "'%s' is %lld bytes, more than any Hugging Face "
-                            "config.json (the limit is %zu MiB): is it the right file?",
-                            c->path, (long long)st.st_size, GP_HF_CONFIG_MAX >> 20);
-    }
-    size_t cap = (size_t)st.st_size + 1, n = 0;
-    c->text = malloc(cap);
-    if (!c->text) {
-        close(fd);
+    int r = gp_read_regular(c->path, GP_HF_CONFIG_MAX, &c->text, &c->len);
+    if (r < 0 && errno == ENOENT) return GP_OK;
+    if (r > 0)
+        return gp_error_set(GP_ERR_DATA, "'%s' is more than %zu MiB, more than any Hugging Face "
+                            "config.json: is it the right file?", c->path,
+                            GP_HF_CONFIG_MAX >> 20);
+    if (r < 0 && errno == ENOMEM)
         return gp_error_set(GP_ERR_OOM, "out of host memory reading '%s'", c->path);
-    }
-    while (n + 1 < cap) { /* a file that grows while read stops at its size */
-        ssize_t got = read(fd, c->text + n, cap - 1 - n);
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0) {
-            int e = errno;
-            close(fd);
-            return gp_error_set(GP_ERR_IO, "cannot read '%s': %s", c->path, strerror(e));
-        }
-        if (got == 0) break;
-        n += (size_t)got;
-    }
-    close(fd);
-    c->text[n] = '\0';
-    c->len = n;
+    if (r < 0)
+        return gp_error_set(GP_ERR_IO, "cannot read '%s': %s", c->path, gp_open_strerror(errno));
     return parse_text(c);
 }
 

@@ -203,6 +203,50 @@ FILE *gp_fopen_regular(const char *path)
     return f;
 }
 
+int gp_read_regular(const char *path, size_t max, char **text, size_t *len)
+{
+    *text = NULL;
+    *len = 0;
+    int fd = gp_open_regular(path);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    if ((uint64_t)st.st_size > (uint64_t)max) {
+        close(fd);
+        return 1;
+    }
+    size_t cap = (size_t)st.st_size + 1, n = 0;
+    char *b = malloc(cap);
+    if (!b) {
+        close(fd);
+        errno = ENOMEM;
+        return -1;
+    }
+    while (n + 1 < cap) { /* a file that grows while read stops at its size */
+        ssize_t got = read(fd, b + n, cap - 1 - n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            int e = errno;
+            close(fd);
+            free(b);
+            errno = e;
+            return -1;
+        }
+        if (got == 0) break;
+        n += (size_t)got;
+    }
+    close(fd);
+    b[n] = '\0';
+    *text = b;
+    *len = n;
+    return 0;
+}
+
 static gp_status env_value(const char *name, bool bytes, int64_t def, int64_t lo, int64_t hi,
                            int64_t *out)
 {
@@ -257,6 +301,7 @@ static const struct env_rule {
 } env_rules[] = {
     {"GPIPE_LOG", "debug|info|warn|error|quiet", 1, 0, false},
     {"GPIPE_BALANCE", "flops|time", 1, 0, false},
+    {"GPIPE_MEMORY_CHECK", "0|1", 1, 0, false},
     {"GPIPE_CPU_CONV", "auto|plain|blocked", 1, 0, false},
     {"GPIPE_CPU_STREAMS", "sync|threads", 1, 0, false},
     {"GPIPE_CPU_KEEP_WEIGHTS", "0|1", 1, 0, false},

@@ -30,7 +30,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #define MAX_BYTES ((size_t)64 << 20)
 
@@ -107,49 +106,30 @@ static bool parse_action(const char *cell, size_t n, gp_sact *a, bool *skip)
 
 static gp_status read_text(const char *path, char **text, size_t *len)
 {
-    FILE *fp = gp_fopen_regular(path);
-    if (!fp)
+    int r = gp_read_regular(path, MAX_BYTES, text, len);
+    if (r > 0)
+        return gp_error_set(GP_ERR_DATA, "the schedule '%s' is larger than %zu MiB: is it a "
+                            "schedule?", path, MAX_BYTES >> 20);
+    if (r < 0 && errno == ENOMEM)
+        return gp_error_set(GP_ERR_OOM, "out of host memory reading '%s'", path);
+    if (r < 0)
         return gp_error_set(GP_ERR_IO, "cannot read the schedule '%s': %s", path,
                             gp_open_strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *b = malloc(cap);
-    gp_status s = GP_OK;
-    while (b) {
-        if (n + 1 >= cap) {
-            if (cap >= MAX_BYTES) {
-                s = gp_error_set(GP_ERR_DATA, "the schedule '%s' is larger than %zu MiB: is it "
-                                 "a schedule?", path, MAX_BYTES >> 20);
-                break;
-            }
-            char *nb = realloc(b, cap * 2);
-            if (!nb) {
-                free(b);
-                b = NULL;
-                break;
-            }
-            b = nb;
-            cap *= 2;
-        }
-        size_t got = fread(b + n, 1, cap - n - 1, fp);
-        n += got;
-        if (got == 0) break;
-    }
-    if (b && ferror(fp) && s == GP_OK)
-        s = gp_error_set(GP_ERR_IO, "cannot read the schedule '%s'", path);
-    fclose(fp);
-    if (!b) return gp_error_set(GP_ERR_OOM, "out of host memory reading '%s'", path);
-    if (s != GP_OK) {
-        free(b);
-        return s;
-    }
-    b[n] = '\0';
-    *text = b;
-    *len = n;
     return GP_OK;
 }
 
+/* A rank's row holds at most, for each of its stages (GP_MAX_DEVICES at
+ * most) and micro-batches, F, I and W (or B) and the four sends and
+ * receives. */
+#define MAX_ROW (7 * GP_MAX_CHUNKS * GP_MAX_DEVICES)
+
 static gp_status push(gp_schedule_file *f, int r, const gp_sact *a, int *cap)
 {
+    if (f->len[r] >= MAX_ROW)
+        return gp_error_set(GP_ERR_DATA, "%s:%d:%d: rank %d: more than %d actions in one row "
+                            "(%d micro-batches of %d stages with their sends and receives at "
+                            "most): is it a schedule?", f->path, a->line, a->col, r, MAX_ROW,
+                            GP_MAX_CHUNKS, GP_MAX_DEVICES);
     if (f->len[r] == cap[r]) {
         int nc = cap[r] ? 2 * cap[r] : 64;
         gp_sact *na = realloc(f->acts[r], (size_t)nc * sizeof *na);
@@ -316,13 +296,19 @@ static gp_status check_placement(gp_schedule_file *f)
     return GP_OK;
 }
 
+static int rank_at(const gp_schedule_file *f, int j)
+{
+    return f->v_shape ? gp_schedule_device_of(GP_SCHEDULE_ZB_V, f->n, j) : j % f->n;
+}
+
 /* Each computation once, in order on its rank. */
 static gp_status check_once(gp_schedule_file *f, placed *pl)
 {
     int S = f->stages, m = 0;
-    for (int r = 0; r < f->n; r++)
+    for (int r = 0; r < f->n; r++) /* (the computations': a send's is checked against it) */
         for (int q = 0; q < f->len[r]; q++)
-            if (f->acts[r][q].mb + 1 > m) m = f->acts[r][q].mb + 1;
+            if (comp_of(f->acts[r][q].kind) >= 0 && f->acts[r][q].mb + 1 > m)
+                m = f->acts[r][q].mb + 1;
     if (m > GP_MAX_CHUNKS)
         return gp_error_set(GP_ERR_DATA, "%s: micro-batch %d; at most %d micro-batches", f->path,
                             m - 1, GP_MAX_CHUNKS);
@@ -368,10 +354,7 @@ static gp_status check_once(gp_schedule_file *f, placed *pl)
         for (int j = 0; j < S; j++) {
             int fw = *cell(pl, i, j, F_), b = *cell(pl, i, j, B_), ii = *cell(pl, i, j, I_),
                 ww = *cell(pl, i, j, W_);
-            int r = -1;
-            for (int q = 0; q < f->n && r < 0; q++)
-                for (int k = 0; k < f->len[q] && r < 0; k++)
-                    if (f->acts[q][k].stage == j && comp_of(f->acts[q][k].kind) >= 0) r = q;
+            int r = rank_at(f, j); /* (placed: check_placement) */
             const char *what = fw < 0 ? "forward (F)"
                                : b < 0 && ii < 0 ? "backward (B, or I and W)"
                                : ii >= 0 && ww < 0 ? "backward-weights (W) after its I"
@@ -409,9 +392,19 @@ static gp_status check_comms(gp_schedule_file *f, placed *pl)
             bool fwd = a->kind == GP_SACT_SEND_F || a->kind == GP_SACT_RECV_F;
             bool send = a->kind == GP_SACT_SEND_F || a->kind == GP_SACT_SEND_B;
             int peer = fwd ? (send ? j + 1 : j - 1) : (send ? j - 1 : j + 1);
-            if (j >= S || i >= m || peer < 0 || peer >= S) {
-                s = gp_error_set(GP_ERR_DATA, "%s: no stage %d for it to %s", at(f, a, w, sizeof w),
-                                 peer, send ? "go to" : "come from");
+            if (j >= S) {
+                s = gp_error_set(GP_ERR_DATA, "%s: no stage %d: the computations name stages 0 "
+                                 ".. %d", at(f, a, w, sizeof w), j, S - 1);
+                break;
+            }
+            if (i >= m) {
+                s = gp_error_set(GP_ERR_DATA, "%s: no micro-batch %d: the computations name "
+                                 "micro-batches 0 .. %d", at(f, a, w, sizeof w), i, m - 1);
+                break;
+            }
+            if (peer < 0 || peer >= S) {
+                s = gp_error_set(GP_ERR_DATA, "%s: no stage %d for it to %s",
+                                 at(f, a, w, sizeof w), peer, send ? "go to" : "come from");
                 break;
             }
             if (rank_of[j] != r) {
@@ -449,7 +442,9 @@ static gp_status check_comms(gp_schedule_file *f, placed *pl)
             int sf = cm[((size_t)i * S + j) * 4 + 0], rf = cm[((size_t)i * S + j + 1) * 4 + 1];
             int sb = cm[((size_t)i * S + j + 1) * 4 + 2], rb = cm[((size_t)i * S + j) * 4 + 3];
             if (sf < 0 || rf < 0 || sb < 0 || rb < 0) {
-                int r = sf < 0 || rb < 0 ? rank_of[j] : rank_of[j + 1];
+                /* the first missing one's rank: SEND_F and RECV_B are stage
+                 * j's, RECV_F and SEND_B stage j + 1's */
+                int r = sf < 0 ? rank_of[j] : rf < 0 || sb < 0 ? rank_of[j + 1] : rank_of[j];
                 s = gp_error_set(GP_ERR_DATA, "%s:%d: rank %d has no %s: micro-batch %d crosses "
                                  "from stage %d (rank %d) to stage %d (rank %d), so each rank "
                                  "needs its send and its receive, both ways (or leave every send "
@@ -461,11 +456,6 @@ static gp_status check_comms(gp_schedule_file *f, placed *pl)
         }
     free(cm);
     return s;
-}
-
-static int rank_at(const gp_schedule_file *f, int j)
-{
-    return f->v_shape ? gp_schedule_device_of(GP_SCHEDULE_ZB_V, f->n, j) : j % f->n;
 }
 
 /* The index of rank r's action (kind, stage j, micro-batch i), or -1. */

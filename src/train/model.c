@@ -374,6 +374,18 @@ gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
     return GP_OK;
 }
 
+gp_status gp_model_profile_estimate(const gp_config *cfg, gp_device *dev, gp_profile *out)
+{
+    gp_model_profile_opts mo = {.timed = false};
+    gp_profile_opts po;
+    model_profile_opts(cfg, &mo, &po);
+    GP_TRY(gp_profile_estimate(cfg->model.layers, cfg->model.n_layers, cfg->model.input, &po,
+                               dev, out));
+    out->bf16_copies = gp_config_bf16_copies(cfg);
+    out->act_dtype = (int)gp_config_act_dtype(cfg);
+    return GP_OK;
+}
+
 void gp_model_plan_opts(const gp_config *cfg, int n, gp_plan_opts *o)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;

@@ -213,6 +213,10 @@ typedef struct gp_model_profile_opts {
 } gp_model_profile_opts;
 gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
                            struct gp_profile *out);
+/* The memory columns of cfg's model from its shapes alone
+ * (gp_profile_estimate; dev optional): nothing opened or run. */
+gp_status gp_model_profile_estimate(const gp_config *cfg, struct gp_device *dev,
+                                    struct gp_profile *out);
 /* balance: auto's cached profile of cfg's model, batch, device and build
  * (*found false where none is kept; an error where the entry is unusable),
  * without profiling. */

@@ -767,6 +767,8 @@ static void close_devices(gp_device **devs, int n)
 
 static gp_status summary_fits(const gp_config *cfg, const gp_model *m, gp_device **devs,
                                bool dry);
+static gp_status activations_fit(const gp_config *cfg, const gp_model *meta, gp_device **devs,
+                                 bool dry, FILE *f);
 static gp_status fits_at_all(const gp_config *cfg, int64_t params);
 static uint64_t host_memory(bool *limited);
 static const char *host_words(uint64_t ram, bool limited, char *buf, size_t len);
@@ -816,6 +818,7 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
     /* a GPU's own memory, once it is open (each rank its own) */
     if (os == GP_OK && meta.layers) {
         os = summary_fits(cfg, &meta, devs, false);
+        if (os == GP_OK) os = activations_fit(cfg, &meta, devs, false, NULL);
         if (os != GP_OK) close_devices(devs, gp_pipeline_devices_total(&cfg->pipeline));
     }
     if (meta.layers) gp_model_free(&meta);
@@ -2401,6 +2404,107 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m, gp_device
                         hw);
 }
 
+/* Each device's bytes at the peak of a step, before any step runs (issue
+ * 78): the simulator's memory walk (gp_simulate_memory) over the run's own
+ * schedule (built-in or read from a file), split, micro-batches and
+ * checkpointing, with every layer's parameters, gradients, optimizer state
+ * and activations taken from its shapes (gp_model_profile_estimate:
+ * nothing runs, so a model of any size is checked at once; the backend's
+ * workspace is not counted, so it errs low for one stage a device; where a
+ * device holds several stages it errs high, measured up to 1.5x on a
+ * U-Net's V schedules, test_balance).  A device whose capacity
+ * (pipeline.memory, or a GPU's own) is below its peak stops the run here,
+ * naming the device, the schedule and what would help;
+ * GPIPE_MEMORY_CHECK=0 runs it anyway.  dry: --dry-run prints the peaks
+ * (into f) and notes a device that would not fit instead.  devs (opened,
+ * or NULL): what a pooling keeps is asked of the first. */
+static gp_status activations_fit(const gp_config *cfg, const gp_model *meta, gp_device **devs,
+                                 bool dry, FILE *f)
+{
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    int n = pc->n_devices;
+    if (gp_model_building_inference()) return GP_OK; /* (gpipe-sample: no training step) */
+    if (!dry && getenv("GPIPE_MEMORY_CHECK") && !strcmp(getenv("GPIPE_MEMORY_CHECK"), "0"))
+        return GP_OK;
+    gp_device *ask = NULL;
+    for (int d = 0; devs && d < gp_pipeline_devices_total(pc) && !ask; d++) ask = devs[d];
+    gp_profile prof;
+    gp_status s = gp_model_profile_estimate(cfg, ask, &prof);
+    double peak[GP_MAX_DEVICES];
+    if (s == GP_OK) {
+        s = gp_simulate_memory(&prof, pc->schedule, n, meta->n_stages / n, pc->schedule_file,
+                               meta->balance, pc->chunks, pc->checkpoint, peak);
+        gp_profile_free(&prof);
+    }
+    if (s != GP_OK) { /* (the schedule's own errors are the config's, said elsewhere) */
+        gp_error_clear();
+        return GP_OK;
+    }
+    char sched[1100];
+    if (pc->schedule == GP_SCHEDULE_FILE || pc->schedule == GP_SCHEDULE_FILE_V)
+        snprintf(sched, sizeof sched, "the schedule in %s", pc->schedule_path);
+    else
+        snprintf(sched, sizeof sched, "schedule %s", gp_schedule_kind_name(pc->schedule));
+    if (dry && f) {
+        fprintf(f, "memory at a step's peak (%s, %d micro-batch%s of up to %lld, checkpoint "
+                   "%s; estimated from the layers' shapes, the backend's workspace not "
+                   "counted):", sched, pc->chunks, pc->chunks == 1 ? "" : "es",
+                (long long)((gp_config_replica_batch(cfg) + pc->chunks - 1) / pc->chunks),
+                gp_checkpoint_mode_name(pc->checkpoint));
+        for (int d = 0; d < n; d++) {
+            char b[32];
+            fprintf(f, "%s %s %s", d ? "," : "", pc->devices[d].name,
+                    gp_format_bytes((size_t)peak[d], b, sizeof b));
+        }
+        fprintf(f, "\n");
+    }
+    uint64_t host_need = 0;
+    for (int d = 0; d < gp_pipeline_devices_total(pc); d++) {
+        uint64_t cap = device_opts(cfg, d).capacity;
+        bool own = !cap && devs && devs[d];
+        if (own) cap = gp_dev_mem_total(devs[d]);
+        double need = peak[d % n];
+        if (!cap && gp_device_spec_is_cpu(&pc->devices[d % n])) host_need += (uint64_t)need;
+        if (!cap || need <= (double)cap) continue;
+        char nb[32], cb[32];
+        gp_format_bytes((size_t)need, nb, sizeof nb);
+        gp_format_bytes((size_t)cap, cb, sizeof cb);
+        const char *help =
+            pc->checkpoint != GP_CKPT_ALWAYS
+                ? "pipeline.checkpoint: always keeps only each stage's input; or "
+                : "";
+        if (dry) {
+            fprintf(stderr, "note: %s needs about %s at a step's peak under %s, more than %s "
+                    "%s; a run would stop at start-up (%smore micro-batches, a schedule with "
+                    "fewer in flight, or more devices)\n", pc->devices[d].name, nb, sched,
+                    own ? "the device's memory," : "its pipeline.memory of", cb, help);
+            continue;
+        }
+        return gp_error_set(GP_ERR_OOM, "%s: %s needs about %s at a step's peak (weights%s "
+                            "and the activations of %d micro-batch%s under %s, "
+                            "checkpoint %s; estimated from the layers' shapes), more than %s "
+                            "%s: %smore micro-batches, a schedule with fewer in flight "
+                            "(1f1b, v-half, v-min), or more devices would lower it "
+                            "(gpipe-train --dry-run shows every device's; "
+                            "GPIPE_MEMORY_CHECK=0 runs anyway)", cfg->path, pc->devices[d].name,
+                            nb, state_words(cfg, false), pc->chunks,
+                            pc->chunks == 1 ? "" : "es", sched,
+                            gp_checkpoint_mode_name(pc->checkpoint),
+                            own ? "the device's memory," : "its pipeline.memory of", cb, help);
+    }
+    bool limited;
+    uint64_t ram = host_memory(&limited);
+    if (dry || !ram || host_need <= ram || gp_procs_size() > 1) return GP_OK;
+    char nb[32], hw[200];
+    gp_format_bytes((size_t)host_need, nb, sizeof nb);
+    host_words(ram, limited, hw, sizeof hw);
+    return gp_error_set(GP_ERR_OOM, "%s: the CPU devices need about %s at a step's peak "
+                        "(weights%s, and activations, estimated from the layers' shapes), more "
+                        "than %sfewer or smaller micro-batches, pipeline.checkpoint: always, "
+                        "or a smaller model would lower it (GPIPE_MEMORY_CHECK=0 runs anyway)",
+                        cfg->path, nb, state_words(cfg, false), hw);
+}
+
 /* What the summary's table adds up: every layer's, and the stage's so far. */
 typedef struct summary_sums {
     int64_t params;         /* as Hugging Face counts them (gp_model_layer_params) */
@@ -2791,6 +2895,7 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
         fprintf(f, "evaluation: batches of %lld samples, the training batch (set "
                    "train.eval_batch_size for another)\n", (long long)cfg->train.batch_size);
     s = summary_fits(cfg, &m, NULL, true);
+    if (s == GP_OK) s = activations_fit(cfg, &m, devs, true, f);
     summary_free(&m, devs, n);
     return s;
 }
