@@ -470,6 +470,17 @@ def snapshots(tmp):
         check(len(got) == 8 and all(want2.get(r["step"]) == r for r in got),
               "snapshots with replicas 4 -> 1 processes: resumed steps differ: %s / %s"
               % (got[:1], [want2.get(r["step"]) for r in got[:1]]))
+    # and resumed under mpirun again: each replica's rank loads its own chunk
+    # of the optimizer's state (ZeRO stage 1) from the whole in the file
+    part4 = os.path.join(tmp, "part-rep4.jsonl")
+    rc, out = mpirun(4, [cfg, "--quiet", "--resume", os.path.join(d, "snapshot-000000008.safetensors"),
+                         "--metrics", part4, "--set", "train.snapshot.every_steps=0"] + rep)
+    check(rc == 0, "snapshots with replicas, resumed in 4 processes: " + out[-500:])
+    if rc == 0:
+        got = [r for r in records(part4) if "loss" in r]
+        check(len(got) == 8 and all(want2.get(r["step"]) == r for r in got),
+              "snapshots with replicas 4 -> 4 processes: resumed steps differ: %s / %s"
+              % (got[:1], [want2.get(r["step"]) for r in got[:1]]))
     # A run killed between the parts and the file that makes the snapshot:
     # parts without it are no snapshot; --resume latest takes the one before,
     # and the run that takes the directory removes the orphans.

@@ -588,6 +588,7 @@ int main(int argc, char **argv)
         /* facts of this run, not of the profile (balance.h) */
         prof.bf16_copies = gp_config_bf16_copies(&cfg);
         prof.act_dtype = (int)gp_config_act_dtype(&cfg);
+        prof.optim_shards = gp_model_optim_shards(&cfg);
         /* the same model on other hardware: its times are a guess, not a lie */
         int threads = gp_model_device_threads(&cfg.pipeline, 0);
         gp_device_kind k1 = GP_DEV_CPU, k2 = GP_DEV_CPU;

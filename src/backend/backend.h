@@ -650,8 +650,10 @@ typedef struct gp_device_iface {
      * reduce_scatter(g); sgd_update on chunk `rank`; all_gather(w) — bitwise
      * on the CPU — but the CPU does it in one pass, streaming the new w
      * into the peers' buffers: 2R + 3 passes over a chunk's memory instead
-     * of 3R + 4, 7 instead of 10 for R = 2 (cpu_comm.c).  Only chunk
-     * `rank` of v is read or written (v NULL: as sgd_update); afterwards g is unspecified (the CPU
+     * of 3R + 4, 7 instead of 10 for R = 2 (cpu_comm.c).  v is this
+     * rank's chunk of the momentum alone (gp_comm_chunk's hi - lo floats,
+     * v[0] for element lo: each rank keeps only its chunk, ZeRO stage 1;
+     * NULL: as sgd_update); afterwards g is unspecified (the CPU
      * leaves it unchanged, the composition holds the sum in chunk `rank`).
      * NULL: gp_dev_sharded_sgd composes the three. */
     gp_status (*sharded_sgd)(gp_device *dev, gp_comm *comm, float *w, float *g, float *v,
@@ -2251,7 +2253,8 @@ bool gp_dev_can_shard(const gp_device *dev);
 gp_status gp_dev_reduce_scatter(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
 gp_status gp_dev_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n);
 /* The sharded_sgd slot, or reduce_scatter + sgd_update + all_gather where
- * it is NULL.  Needs gp_dev_can_shard(dev). */
+ * it is NULL.  Needs gp_dev_can_shard(dev).  v (and Adam's m and v below):
+ * this rank's chunk of the state alone, gp_comm_chunk's hi - lo floats. */
 gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, float *v,
                              int64_t n, float lr, float mu, float wd, int nesterov);
 /* Adam's sharded step, composed: reduce_scatter(g), Adam on this rank's

@@ -956,8 +956,7 @@ gp_status gp_dev_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, 
     int64_t lo = 0, hi = 0;
     GP_TRY(shard_grads(dev, comm, g, n, &lo, &hi));
     if (hi > lo)
-        GP_TRY(gp_dev_sgd_update(dev, w + lo, g + lo, v ? v + lo : NULL, hi - lo, lr, mu, wd,
-                                 nesterov));
+        GP_TRY(gp_dev_sgd_update(dev, w + lo, g + lo, v, hi - lo, lr, mu, wd, nesterov));
     return gp_dev_all_gather(dev, comm, w, n);
 }
 
@@ -968,7 +967,7 @@ gp_status gp_dev_sharded_adam(gp_device *dev, gp_comm *comm, float *w, float *g,
     int64_t lo = 0, hi = 0;
     GP_TRY(shard_grads(dev, comm, g, n, &lo, &hi));
     if (hi > lo) {
-        gp_update_part part = {.w = w + lo, .g = g + lo, .v = m + lo, .v2 = v + lo,
+        gp_update_part part = {.w = w + lo, .g = g + lo, .v = m, .v2 = v,
                                .n = hi - lo, .wd = wd};
         GP_TRY(gp_dev_adam_multi(dev, &part, 1, a));
     }

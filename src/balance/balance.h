@@ -144,6 +144,12 @@ typedef struct gp_profile {
                                output stay FP32).  A fact of the run like
                                bf16_copies, not saved: set on a loaded
                                profile too */
+    int optim_shards;          /* the run's replicas split the optimizer's
+                                  state this many ways (ZeRO stage 1,
+                                  gp_model_optim_shards; 0 or 1: whole): each
+                                  device holds optim_bytes / optim_shards.
+                                  A fact of the run like bf16_copies, not
+                                  measured nor saved */
     int warmup, reps;
     int n_sizes;               /* micro-batch sizes measured, ascending */
     int64_t sizes[GP_PROFILE_MAX_SIZES];

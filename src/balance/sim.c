@@ -95,8 +95,9 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
     int d = sched->dev_of[j]; /* interleaved, zb-v: the device's list holds other stages too */
     const gp_layer_mem *mm = p->mem;
     double stat = 0, ws = 0, keep = 0, in_max = 0, ck_max = 0;
+    double shards = p->optim_shards > 1 ? p->optim_shards : 1; /* (ZeRO stage 1) */
     for (int k = first; k <= last; k++) {
-        stat += (double)(mm[k].param_bytes + mm[k].grad_bytes + mm[k].optim_bytes);
+        stat += (double)(mm[k].param_bytes + mm[k].grad_bytes) + (double)mm[k].optim_bytes / shards;
         if ((double)mm[k].workspace_bytes > ws) ws = (double)mm[k].workspace_bytes;
         /* a stage's first layer runs out of place: its input is the stage's */
         stored_mem sk = stored(p, k);

@@ -19,25 +19,51 @@ struct gp_optim {
     int n_states;
     int per;               /* states per trainable tensor */
     int *first;            /* [n_layers]: index of layer k's first state */
+    int shard, shards;     /* gp_optim_create_sharded's (0 of 1: whole) */
+    int64_t *lo;           /* [n_states]: the parameter's first element the
+                              state holds (0: whole; a chunk: gp_comm_chunk's
+                              lo, its numel hi - lo) */
+    bool *part;            /* [n_states]: the state is chunk `shard` alone */
 };
 
 gp_status gp_optim_create(gp_layer *layers, int n_layers, const gp_optim_opts *o, gp_optim **out)
 {
+    return gp_optim_create_sharded(layers, n_layers, o, 0, 1, out);
+}
+
+bool gp_optim_shardable(const gp_layer *layers, int n_layers)
+{
+    for (int k = 0; k < n_layers; k++)
+        for (int p = 0; p < layers[k].n_params; p++)
+            if (layers[k].params[p].tied) return false;
+    return true;
+}
+
+gp_status gp_optim_create_sharded(gp_layer *layers, int n_layers, const gp_optim_opts *o,
+                                  int shard, int shards, gp_optim **out)
+{
     *out = NULL;
+    GP_ASSERT(shards >= 1 && shard >= 0 && shard < shards);
+    /* as the pipeline shards its update (gp_pipeline_join): never with ties */
+    if (!gp_optim_shardable(layers, n_layers)) shard = 0, shards = 1;
     gp_optim *op = calloc(1, sizeof *op);
     int n = 0;
     for (int k = 0; k < n_layers; k++) n += gp_layer_tensor_count(&layers[k]);
     if (op) {
         op->state = calloc((size_t)(n ? n : 1) * 2, sizeof *op->state);
         op->first = calloc((size_t)(n_layers ? n_layers : 1), sizeof *op->first);
+        op->lo = calloc((size_t)(n ? n : 1) * 2, sizeof *op->lo);
+        op->part = calloc((size_t)(n ? n : 1) * 2, sizeof *op->part);
     }
-    if (!op || !op->state || !op->first) {
+    if (!op || !op->state || !op->first || !op->lo || !op->part) {
         gp_optim_destroy(op);
         return gp_error_set(GP_ERR_OOM, "out of host memory for the optimizer");
     }
     op->layers = layers;
     op->n_layers = n_layers;
     op->opts = *o;
+    op->shard = shard;
+    op->shards = shards;
     /* Plain SGD (mu = 0) keeps no state, as PyTorch's does: v = g' every
      * step, so the update needs no buffer and a device holds 8 bytes per
      * parameter (value, gradient) instead of 12. */
@@ -48,8 +74,18 @@ gp_status gp_optim_create(gp_layer *layers, int n_layers, const gp_optim_opts *o
             gp_param *pr = &layers[k].params[p];
             if (!gp_param_trained(pr)) continue; /* (a tied replica: its owner's state) */
             gp_shape sh = gp_tensor_shape(&pr->value);
+            /* ZeRO stage 1: with replicas whose updates are sharded, this
+             * replica's chunk of the state alone (a tensor of hi - lo) */
+            int64_t lo = 0, hi = 0;
+            bool part = shards > 1 && pr->value.dev && gp_dev_can_shard(pr->value.dev);
+            if (part) {
+                gp_comm_chunk(gp_tensor_numel(&pr->value), shards, shard, &lo, &hi);
+                sh = gp_shape_make(1, (int64_t[]){hi - lo});
+            }
             for (int which = 0; which < op->per; which++) {
                 gp_tensor *st = &op->state[op->n_states];
+                op->lo[op->n_states] = lo;
+                op->part[op->n_states] = part;
                 if (!gp_tensor_mem(&pr->value)) { /* a layer of shapes only (gp_layer_meta): so is its state */
                     st->ndim = sh.ndim;
                     memcpy(st->dims, sh.dims, sizeof st->dims);
@@ -74,6 +110,8 @@ void gp_optim_destroy(gp_optim *o)
     for (int q = 0; o->state && q < o->n_states; q++) gp_tensor_free(&o->state[q]);
     free(o->state);
     free(o->first);
+    free(o->lo);
+    free(o->part);
     free(o);
 }
 
@@ -84,6 +122,26 @@ gp_tensor *gp_optim_state(gp_optim *o, int k, int p, int which)
     int q = o->first[k];
     for (int a = 0; a < p; a++) q += gp_param_trained(&o->layers[k].params[a]) ? o->per : 0;
     return &o->state[q + which];
+}
+
+bool gp_optim_state_range(const gp_optim *o, int k, int p, int64_t *lo, int64_t *hi)
+{
+    gp_tensor *st = gp_optim_state((gp_optim *)o, k, p, 0);
+    int64_t n = gp_tensor_numel(&o->layers[k].params[p].value);
+    *lo = 0;
+    *hi = n;
+    if (!st) return false;
+    int q = (int)(st - o->state);
+    if (!o->part[q]) return false;
+    *lo = o->lo[q];
+    *hi = o->lo[q] + gp_tensor_numel(st);
+    return true;
+}
+
+int gp_optim_shards(const gp_optim *o, int *shard)
+{
+    if (shard) *shard = o->shard;
+    return o->shards;
 }
 
 bool gp_optim_has_state(const gp_optim *o) { return o->n_states > 0; }
@@ -178,9 +236,15 @@ static gp_status update_chunk(gp_optim *o, gp_param *pr, gp_tensor *st, const vo
     uint16_t *w16 = NULL;
     if (hi - lo == n) w16 = gp_dev_mirror_for_update(b->dev, w, n);
     else gp_dev_weights_written(b->dev, w + lo, (size_t)(hi - lo) * sizeof(float));
+    /* a state that is this replica's chunk alone starts at lo */
+    int64_t off = lo;
+    if (st && o->part[st - o->state]) {
+        GP_ASSERT(a->shards == o->shards && a->shard == o->shard);
+        off = 0;
+    }
     b->parts[b->n++] = (gp_update_part){.w = w + lo, .g = gp_f32(&pr->grad) + lo,
-                                        .v = st ? gp_f32(&st[0]) + lo : NULL,
-                                        .v2 = o->per > 1 ? gp_f32(&st[1]) + lo : NULL,
+                                        .v = st ? gp_f32(&st[0]) + off : NULL,
+                                        .v2 = o->per > 1 ? gp_f32(&st[1]) + off : NULL,
                                         .n = hi - lo, .wd = decay_of(o, pr), .w16 = w16,
                                         .nonfinite = b->dev == a->check_dev ? a->nonfinite : NULL,
                                         .clip = a->clip};
@@ -190,12 +254,19 @@ static gp_status update_chunk(gp_optim *o, gp_param *pr, gp_tensor *st, const vo
 static gp_status update_fused(gp_optim *o, gp_param *pr, gp_tensor *st, const void *arg)
 {
     const update_arg *a = arg;
+    /* the collectives take this rank's chunk of the state: a whole state's
+     * from its chunk's first element */
+    int64_t lo = 0, hi = 0;
+    if (st && !o->part[st - o->state]) {
+        int rank = gp_comm_rank(a->comm, pr->value.dev);
+        if (rank >= 0) gp_comm_chunk(gp_tensor_numel(&pr->value), a->comm->n, rank, &lo, &hi);
+    }
     if (o->opts.kind != GP_OPTIM_SGD)
         return gp_dev_sharded_adam(pr->value.dev, a->comm, gp_f32(&pr->value), gp_f32(&pr->grad),
-                                   gp_f32(&st[0]), gp_f32(&st[1]), gp_tensor_numel(&pr->value),
-                                   decay_of(o, pr), &a->adam);
+                                   gp_f32(&st[0]) + lo, gp_f32(&st[1]) + lo,
+                                   gp_tensor_numel(&pr->value), decay_of(o, pr), &a->adam);
     return gp_dev_sharded_sgd(pr->value.dev, a->comm, gp_f32(&pr->value), gp_f32(&pr->grad),
-                              st ? gp_f32(st) : NULL,
+                              st ? gp_f32(st) + lo : NULL,
                               gp_tensor_numel(&pr->value), (float)a->lr, o->opts.momentum,
                               decay_of(o, pr), o->opts.nesterov);
 }
@@ -221,13 +292,14 @@ gp_status gp_optim_update_fused(gp_optim *o, int first, int count, double lr, in
 
 gp_status gp_optim_copy(gp_optim *dst, const gp_optim *src)
 {
-    GP_ASSERT(dst->n_states == src->n_states);
+    GP_ASSERT(dst->n_states == src->n_states && dst->shards == 1 && src->shards == 1);
     for (int q = 0; q < src->n_states; q++) GP_TRY(gp_tensor_copy(&dst->state[q], &src->state[q]));
     return GP_OK;
 }
 
 gp_status gp_optim_gather_chunks(gp_optim *dst, gp_optim *const *ranks, int R)
 {
+    GP_ASSERT(dst->shards == 1); /* (a sharded one is gathered as it is written) */
     for (int q = 0; q < dst->n_states; q++) {
         gp_tensor *d = &dst->state[q];
         if (!gp_dev_can_shard(d->dev)) continue; /* updated in full on every rank */

@@ -62,6 +62,23 @@ typedef struct gp_optim gp_optim;
 gp_status gp_optim_create(gp_layer *layers, int n_layers, const gp_optim_opts *o,
                           gp_optim **out);
 void gp_optim_destroy(gp_optim *o); /* NULL is fine */
+/* The same for replica `shard` of `shards` whose updates are sharded (the
+ * pipeline's UPDATE of chunk `shard`, gp_pipeline_join): ZeRO stage 1,
+ * each trainable parameter on a device that shards (gp_dev_can_shard)
+ * gets only its chunk of the state (gp_comm_chunk: elements [lo, hi), a
+ * 1-D tensor of hi - lo), so R replicas hold the state once between them.
+ * Every update of such a parameter must then be of chunk `shard` of
+ * `shards`.  A model with tied weights, whose updates are not sharded,
+ * keeps whole states (gp_optim_shardable). */
+gp_status gp_optim_create_sharded(gp_layer *layers, int n_layers, const gp_optim_opts *o,
+                                  int shard, int shards, gp_optim **out);
+/* Whether an optimizer over these layers may shard (no tied weights). */
+bool gp_optim_shardable(const gp_layer *layers, int n_layers);
+/* The elements [lo, hi) of parameter p of layer k that its states hold:
+ * true for a chunk, false for the whole tensor (0, numel) or no state. */
+bool gp_optim_state_range(const gp_optim *o, int k, int p, int64_t *lo, int64_t *hi);
+/* The shards it was made for (1: whole), and *shard (optional) which. */
+int gp_optim_shards(const gp_optim *o, int *shard);
 
 /* The update of layers [first, first + count) with learning rate lr, as
  * step `step` (the steps done before it: 0 for the first), on chunk
@@ -119,11 +136,12 @@ gp_tensor *gp_optim_state(gp_optim *o, int k, int p, int which);
 const gp_optim_opts *gp_optim_options(const gp_optim *o);
 /* Whether the optimizer keeps any state (false for plain SGD). */
 bool gp_optim_has_state(const gp_optim *o);
-/* dst's state = src's (same model shape; any devices). */
+/* dst's state = src's (same model shape; any devices; neither sharded). */
 gp_status gp_optim_copy(gp_optim *dst, const gp_optim *src);
-/* After sharded updates over R ranks, rank r's state is current only in
- * chunk r of each tensor: copy chunk r of ranks[r]'s state into dst
- * (ranks[0] may be dst) for r = 1 .. R-1, so dst holds the whole state. */
+/* After sharded updates over R ranks of whole states (optimizers not made
+ * sharded), rank r's state is current only in chunk r of each tensor: copy
+ * chunk r of ranks[r]'s state into dst (ranks[0] may be dst) for r = 1 ..
+ * R-1, so dst holds the whole state. */
 gp_status gp_optim_gather_chunks(gp_optim *dst, gp_optim *const *ranks, int R);
 
 #endif /* GP_OPTIM_H */

@@ -35,6 +35,21 @@ gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, in
     return build_placed(cfg, devs, n, gp_model_virtual(cfg), balance, false, out);
 }
 
+/* The replica (shard of shards) the builds on this thread make
+ * (gp_model_build_replica), whose optimizer keeps that chunk of its state. */
+static _Thread_local int build_shard, build_shards;
+
+gp_status gp_model_build_replica(const gp_config *cfg, gp_device *const *devs, int n,
+                                 const int *balance, int replica, int replicas, gp_model *out)
+{
+    build_shard = replica;
+    build_shards = replicas;
+    gp_status s = build_placed(cfg, devs, n, gp_model_virtual(cfg), balance, false, out);
+    build_shard = 0;
+    build_shards = 0;
+    return s;
+}
+
 gp_status gp_model_build_meta(const gp_config *cfg, const int *balance, gp_model *out)
 {
     gp_device *none[GP_MAX_DEVICES] = {0};
@@ -199,9 +214,21 @@ static gp_status place_layers(const gp_config *cfg, gp_device *const *devs, int 
     /* an inference-only model keeps no update state: plain SGD's none */
     gp_optim_opts so = build_inference ? (gp_optim_opts){.kind = GP_OPTIM_SGD}
                                        : gp_model_optim_opts(cfg);
-    gp_status st = gp_optim_create(out->layers, out->n_layers, &so, &out->optim);
+    gp_status st = build_shards > 1 && !build_inference
+                       ? gp_optim_create_sharded(out->layers, out->n_layers, &so, build_shard,
+                                                 build_shards, &out->optim)
+                       : gp_optim_create(out->layers, out->n_layers, &so, &out->optim);
     if (st != GP_OK) gp_model_release(out);
     return st;
+}
+
+int gp_model_optim_shards(const gp_config *cfg)
+{
+    int R = gp_pipeline_replicas(&cfg->pipeline);
+    if (R <= 1 || gp_model_building_inference()) return 1;
+    for (int k = 0; k < cfg->model.n_layers; k++)
+        if (cfg->model.layers[k].tie[0]) return 1; /* (gp_optim_shardable: no tied weights) */
+    return R;
 }
 
 gp_optim_opts gp_model_optim_opts(const gp_config *cfg)
@@ -371,6 +398,7 @@ gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
     GP_TRY(gp_profile_run(cfg->model.layers, cfg->model.n_layers, cfg->model.input, &po, out));
     out->bf16_copies = gp_config_bf16_copies(cfg);
     out->act_dtype = (int)gp_config_act_dtype(cfg);
+    out->optim_shards = gp_model_optim_shards(cfg);
     return GP_OK;
 }
 
@@ -383,6 +411,7 @@ gp_status gp_model_profile_estimate(const gp_config *cfg, gp_device *dev, gp_pro
                                dev, out));
     out->bf16_copies = gp_config_bf16_copies(cfg);
     out->act_dtype = (int)gp_config_act_dtype(cfg);
+    out->optim_shards = gp_model_optim_shards(cfg);
     return GP_OK;
 }
 
@@ -555,6 +584,7 @@ static gp_status cached_profile(const gp_config *cfg, const gp_profile_opts *po,
     }
     prof->bf16_copies = gp_config_bf16_copies(cfg);
     prof->act_dtype = (int)gp_config_act_dtype(cfg);
+    prof->optim_shards = gp_model_optim_shards(cfg);
     return GP_OK;
 }
 

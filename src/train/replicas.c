@@ -62,7 +62,7 @@ static const gp_model *replica_c(const gp_model *m, int r)
 gp_status gp_model_build_replicated(const gp_config *cfg, gp_device *const *devs, int R,
                                     int n, const int *balance, gp_model *out)
 {
-    GP_TRY(gp_model_build_placed(cfg, devs, n, balance, out));
+    GP_TRY(gp_model_build_replica(cfg, devs, n, balance, 0, R, out));
     if (R <= 1) return GP_OK;
     out->replicas = calloc((size_t)(R - 1), sizeof *out->replicas);
     if (!out->replicas) {
@@ -73,8 +73,8 @@ gp_status gp_model_build_replicated(const gp_config *cfg, gp_device *const *devs
     for (int r = 1; r < R; r++) {
         /* Parameters are drawn from (seed, layer index): every replica
          * starts identical without a copy. */
-        gp_status s = gp_model_build_placed(cfg, devs + (size_t)r * (size_t)n, n, balance,
-                                            &out->replicas[r - 1]);
+        gp_status s = gp_model_build_replica(cfg, devs + (size_t)r * (size_t)n, n, balance, r,
+                                             R, &out->replicas[r - 1]);
         if (s != GP_OK) {
             gp_error_wrap(s, "replica %d", r);
             gp_model_free(out);
@@ -124,7 +124,8 @@ static gp_status copy_state(gp_model *dst, const gp_model *src)
         for (int p = 0; p < src->layers[k].n_params; p++)
             GP_TRY(gp_tensor_copy(&dst->layers[k].params[p].value,
                                   &src->layers[k].params[p].value));
-    GP_TRY(gp_optim_copy(dst->optim, src->optim));
+    /* (sharded, ZeRO stage 1: each replica's own chunk, made or loaded so) */
+    if (gp_optim_shards(src->optim, NULL) == 1) GP_TRY(gp_optim_copy(dst->optim, src->optim));
     dst->step = src->step;
     return GP_OK;
 }
@@ -344,6 +345,9 @@ out:
 
 gp_status gp_model_gather_momentum(gp_model *m)
 {
+    /* each replica keeps its chunk alone (ZeRO stage 1): a snapshot
+     * assembles the chunks as it writes them (snapshot.c) */
+    if (gp_optim_shards(m->optim, NULL) > 1) return GP_OK;
     if (m->proc_comm) { /* processes: each replica's chunks from their ranks */
         for (int k = 0; k < m->n_layers; k++)
             for (int p = 0; p < m->layers[k].n_params; p++) {

@@ -94,6 +94,96 @@ static gp_status add_device_tensor(gp_st_writer *w, const char *name, const gp_t
                             (size_t)n * sizeof(float));
 }
 
+/* Optimizer state q of parameter p of layer k where each replica keeps
+ * only its chunk (ZeRO stage 1, gp_optim_create_sharded): the whole tensor
+ * written, assembled from the chunks.  In one process from every replica's
+ * optimizer (deferred like add_device_tensor's copies); with processes the
+ * ranks of replicas 1 .. R-1 send their chunks to the layer's rank in
+ * replica 0 (its owner), which writes the whole as add_device_tensor does
+ * (to rank 0 with `gather`). */
+static gp_status add_state_chunks(gp_model *m, gp_st_writer *w, const char *name, int k, int p,
+                                  int q, bool gather, float **scratch, size_t *cap,
+                                  snap_copies *defer)
+{
+    const gp_tensor *pv = &m->layers[k].params[p].value;
+    int64_t n = gp_tensor_numel(pv);
+    if (!m->proc_comm) {
+        void *dst;
+        GP_TRY(gp_st_writer_slot(w, name, GP_ST_F32, pv->ndim, pv->dims, (size_t)n * sizeof(float),
+                                 &dst));
+        int R = m->n_replicas > 1 ? m->n_replicas : 1;
+        for (int r = 0; r < R; r++) {
+            gp_model *mr = r ? &m->replicas[r - 1] : m;
+            const gp_tensor *c = gp_optim_state(mr->optim, k, p, q);
+            int64_t lo, hi;
+            gp_optim_state_range(mr->optim, k, p, &lo, &hi);
+            if (hi <= lo) continue;
+            float *d = (float *)dst + lo;
+            if (defer) {
+                GP_TRY(defer_copy(defer, d, gp_f32(c), (size_t)(hi - lo) * sizeof(float)));
+                continue;
+            }
+            GP_TRY(gp_dev_download(c->dev, d, gp_f32(c), hi - lo));
+            GP_TRY(gp_dev_synchronize(c->dev));
+        }
+        return GP_OK;
+    }
+    int me = gp_procs_rank(), nd = m->n_devices, R = m->proc_replicas;
+    int owner = gp_model_layer_rank(m, k), rho = me / nd;
+    bool mine = me % nd == owner; /* this rank runs the layer in its replica */
+    if (!mine && (me != 0 || !gather)) return GP_OK;
+    if ((size_t)n > *cap) {
+        float *ns = realloc(*scratch, (size_t)(n > 0 ? n : 1) * sizeof *ns);
+        if (!ns) return gp_error_set(GP_ERR_OOM, "out of host memory gathering '%s'", name);
+        *scratch = ns;
+        *cap = (size_t)n;
+    }
+    if (mine) {
+        const gp_tensor *c = gp_optim_state(m->optim, k, p, q);
+        int64_t lo, hi;
+        gp_optim_state_range(m->optim, k, p, &lo, &hi);
+        if (hi > lo) {
+            GP_TRY(gp_dev_download(c->dev, *scratch + lo, gp_f32(c), hi - lo));
+            GP_TRY(gp_dev_synchronize(c->dev));
+        }
+        if (rho > 0) /* to the owner: its chunk alone */
+            return hi > lo ? gp_procs_send_bytes(*scratch + lo, (size_t)(hi - lo) * sizeof(float),
+                                                 owner, 0)
+                           : GP_OK;
+        for (int r = 1; r < R; r++) { /* the owner: every replica's chunk */
+            int64_t a, b;
+            gp_comm_chunk(n, R, r, &a, &b);
+            if (b > a)
+                GP_TRY(gp_procs_recv_bytes(*scratch + a, (size_t)(b - a) * sizeof(float),
+                                           r * nd + owner, 0));
+        }
+        if (gather && me != 0) return gp_procs_send_bytes(*scratch, (size_t)n * sizeof(float), 0, 0);
+    } else { /* rank 0 writing the whole file: the owner's assembled tensor */
+        GP_TRY(gp_procs_recv_bytes(*scratch, (size_t)n * sizeof(float), owner, 0));
+    }
+    return gp_st_writer_add(w, name, GP_ST_F32, pv->ndim, pv->dims, *scratch,
+                            (size_t)n * sizeof(float));
+}
+
+/* Processes: a rank of replica 1 .. R-1 sends its chunk of every sharded
+ * state to the layer's rank in replica 0, in the order collect walks them
+ * there (add_state_chunks). */
+static gp_status send_state_chunks(gp_model *m)
+{
+    float *scratch = NULL;
+    size_t cap = 0;
+    gp_status s = GP_OK;
+    for (int k = 0; k < m->n_layers && s == GP_OK; k++)
+        for (int p = 0; p < m->layers[k].n_params && s == GP_OK; p++)
+            for (int q = 0; s == GP_OK && gp_optim_state(m->optim, k, p, q); q++) {
+                int64_t lo, hi;
+                if (gp_optim_state_range(m->optim, k, p, &lo, &hi))
+                    s = add_state_chunks(m, NULL, "", k, p, q, false, &scratch, &cap, NULL);
+            }
+    free(scratch);
+    return s;
+}
+
 /* How tensors are named: "<layer>.<param>", where <layer> is the layer's
  * name when every layer has one (PyTorch's nn.Sequential(OrderedDict(...)):
  * the built-in models, named as torchgpipe's modules) and its index
@@ -252,9 +342,13 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
                     char pre[24];
                     tensor_name(name, sizeof name, state_prefix(m, q, pre, sizeof pre), m, k, nm,
                                 l->params[p].name);
-                    s = add_device_tensor(w, name, gp_optim_state(m->optim, k, p, q),
-                                          gp_model_layer_rank(m, k), gather, &scratch, &cap,
-                                          defer);
+                    int64_t lo, hi;
+                    if (gp_optim_state_range(m->optim, k, p, &lo, &hi))
+                        s = add_state_chunks(m, w, name, k, p, q, gather, &scratch, &cap, defer);
+                    else
+                        s = add_device_tensor(w, name, gp_optim_state(m->optim, k, p, q),
+                                              gp_model_layer_rank(m, k), gather, &scratch, &cap,
+                                              defer);
                 }
         }
     }
@@ -626,6 +720,19 @@ static gp_status scan_tensor(const gp_st_file *f, const gp_st_tensor *t, const c
 }
 
 /* t (F32) uploaded into dst, n floats, fetched where lazy. */
+/* Elements [lo, lo + n) of the file's tensor t into dst on dev. */
+static gp_status upload_range(const gp_st_file *f, const gp_st_tensor *t, gp_device *dev,
+                              float *dst, int64_t lo, int64_t n)
+{
+    uint8_t *tmp;
+    gp_status s;
+    const uint8_t *d = data_of(f, t, &tmp, &s);
+    if (s == GP_OK && n > 0) s = gp_dev_upload(dev, dst, (const float *)d + lo, n);
+    if (s == GP_OK) s = gp_dev_synchronize(dev);
+    free(tmp);
+    return s;
+}
+
 static gp_status upload_tensor(const gp_st_file *f, const gp_st_tensor *t, gp_device *dev,
                                float *dst, int64_t n)
 {
@@ -636,6 +743,27 @@ static gp_status upload_tensor(const gp_st_file *f, const gp_st_tensor *t, gp_de
     if (s == GP_OK) s = gp_dev_synchronize(dev);
     free(tmp);
     return s;
+}
+
+/* The file's optimizer state t into state q of parameter p of layer k:
+ * whole, or where each replica keeps its chunk (ZeRO stage 1) each replica
+ * of this process its own chunk (processes: this rank's replica's). */
+static gp_status upload_state(gp_model *m, const gp_st_file *f, const gp_st_tensor *t, int k,
+                              int p, int q)
+{
+    int64_t lo, hi;
+    if (!gp_optim_state_range(m->optim, k, p, &lo, &hi)) {
+        gp_tensor *mt = gp_optim_state(m->optim, k, p, q);
+        return upload_tensor(f, t, mt->dev, gp_f32(mt), gp_tensor_numel(mt));
+    }
+    int R = !m->proc_comm && m->n_replicas > 1 ? m->n_replicas : 1;
+    for (int r = 0; r < R; r++) {
+        gp_model *mr = r ? &m->replicas[r - 1] : m;
+        gp_tensor *c = gp_optim_state(mr->optim, k, p, q);
+        gp_optim_state_range(mr->optim, k, p, &lo, &hi);
+        GP_TRY(upload_range(f, t, c->dev, gp_f32(c), lo, hi - lo));
+    }
+    return GP_OK;
 }
 
 static gp_status bad_values_error(const gp_st_file *f, const bad_values *b)
@@ -850,15 +978,19 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
                     file_name(f, name, state_prefix(m, q, pre, sizeof pre), m, k, nm, pr->name,
                               &old, first_old);
                     if (pass == 0 && gp_tensor_mem(mt)) GP_TRY(need(f, name));
-                    expect(f, name, GP_ST_F32, mt->ndim, mt->dims, &missing, &bad, &t);
+                    /* a replica's chunk alone (ZeRO stage 1): the file holds
+                     * the whole, shaped as the parameter */
+                    int64_t lo, hi;
+                    bool part = gp_optim_state_range(m->optim, k, p, &lo, &hi);
+                    const gp_tensor *shape = part ? &pr->value : mt;
+                    expect(f, name, GP_ST_F32, shape->ndim, shape->dims, &missing, &bad, &t);
                     if (pass == 0) {
                         expected++;
                         ns_add(&known, name);
                     }
                     if (pass == 0 && t && (t->data || f->fetch) && fs == GP_OK)
                         fs = scan_tensor(f, t, name, &values);
-                    if (pass == 1 && gp_tensor_mem(mt))
-                        GP_TRY(upload_tensor(f, t, mt->dev, gp_f32(mt), gp_tensor_numel(mt)));
+                    if (pass == 1 && gp_tensor_mem(mt)) GP_TRY(upload_state(m, f, t, k, p, q));
                 }
             }
             const char *cn[MAX_COUNTERS];
@@ -1423,9 +1555,12 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
     gp_st_writer w = {0};
     gp_status s = GP_OK;
     /* processes with replicas: the momentum's chunks from every replica,
-     * on every rank; replica 0's ranks (0 .. n - 1) then write */
+     * on every rank; replica 0's ranks (0 .. n - 1) then write (a sharded
+     * optimizer's, ZeRO stage 1: the other replicas' ranks send their
+     * chunks to them as they write, add_state_chunks) */
     if (m->proc_comm) s = gp_model_gather_momentum(m);
     if (me >= m->n_devices && m->local_device >= 0) {
+        if (s == GP_OK && gp_optim_shards(m->optim, NULL) > 1) s = send_state_chunks(m);
         int bad = s != GP_OK;
         gp_status as = gp_procs_max_int(&bad);
         return s != GP_OK ? s : as;
@@ -1454,6 +1589,9 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
     /* Pruning below deletes files: only the run that owns the directory. */
     GP_ASSERT(lock && !strcmp(lock->dir, sc->dir));
     if (s == GP_OK) s = gp_make_dirs(sc->dir, "snapshot directory");
+    /* (assembled before the ranks agree: a sharded optimizer's chunks
+     * arrive from the other replicas' ranks meanwhile) */
+    if (s == GP_OK) s = collect(m, cfg, pos, &w, N == 1, NULL);
     if (N > 1) { /* every other part durable before the file that makes the snapshot */
         int bad = 0;
         gp_status as = gp_procs_max_int(&bad);
@@ -1462,7 +1600,6 @@ gp_status gp_snapshot_save(gp_model *m, const gp_config *cfg, const gp_snapshot_
             s = gp_error_set(GP_ERR_IO, "another rank could not write its part (its message "
                              "says why); no snapshot was made");
     }
-    if (s == GP_OK) s = collect(m, cfg, pos, &w, N == 1, NULL);
     if (s == GP_OK && N > 1 && m->n_devices > 1) {
         char list[4096];
         int off = 0;

@@ -110,6 +110,16 @@ gp_status gp_model_build(const gp_config *cfg, gp_device *dev, gp_model *out);
  * gp_model_virtual(cfg) entries). */
 gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, int n,
                                 const int *balance, gp_model *out);
+/* How many ways cfg's replicas split the optimizer's state (ZeRO stage 1,
+ * gp_optim_create_sharded): pipeline.replicas, or 1 where the state is
+ * whole (one replica, tied weights, inference).  What --dry-run, the
+ * memory checks and the planner count. */
+int gp_model_optim_shards(const gp_config *cfg);
+/* The same as data-parallel replica `replica` of `replicas` whose updates
+ * are sharded: its optimizer keeps only that chunk of each state (ZeRO
+ * stage 1, gp_optim_create_sharded). */
+gp_status gp_model_build_replica(const gp_config *cfg, gp_device *const *devs, int n,
+                                 const int *balance, int replica, int replicas, gp_model *out);
 /* A stop flag (a signal's number once one came) that the builds on this
  * thread poll between layers, so that a signal stops a large model's
  * initialisation too (GP_ERR_STOPPED); NULL: none.  The trainer sets its

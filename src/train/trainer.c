@@ -836,7 +836,8 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
         /* processes: this rank's replica only, its data-parallel group over
          * the ranks that run the same device of the other replicas */
         int rank = gp_procs_rank(), rho = rank / n, d = rank % n;
-        s = gp_model_build_placed(cfg, devs + (size_t)rho * (size_t)n, n, balance, model);
+        s = gp_model_build_replica(cfg, devs + (size_t)rho * (size_t)n, n, balance, rho, R,
+                                   model);
         gp_device *grp[GP_MAX_DEVICES];
         for (int r = 0; r < R; r++) grp[r] = devs[(size_t)r * (size_t)n + (size_t)d];
         gp_comm *comm = NULL;
@@ -2278,6 +2279,16 @@ static size_t state_bytes(const gp_config *cfg)
     return 8 + 4 * (size_t)gp_optim_states_per_param(&so);
 }
 
+/* The bytes a device holds per parameter of its stages: state_bytes, with
+ * the optimizer's state split over the replicas (ZeRO stage 1,
+ * gp_model_optim_shards: each holds its 1/R). */
+static double held_bytes(const gp_config *cfg)
+{
+    size_t per = state_bytes(cfg);
+    if (per <= 8) return (double)per;
+    return 8.0 + (double)(per - 8) / gp_model_optim_shards(cfg);
+}
+
 /* " and momentum", " and Adam's moments" or "": what state_bytes adds. */
 static const char *state_words(const gp_config *cfg, bool plus)
 {
@@ -2332,7 +2343,7 @@ static gp_status fits_at_all(const gp_config *cfg, int64_t params)
         if (!gp_device_spec_is_cpu(&pc->devices[d])) return GP_OK;
     bool limited;
     uint64_t ram = host_memory(&limited);
-    uint64_t need = (uint64_t)params * state_bytes(cfg) * (uint64_t)gp_pipeline_replicas(pc);
+    uint64_t need = (uint64_t)((double)params * held_bytes(cfg) * gp_pipeline_replicas(pc));
     if (!ram || need <= ram) return GP_OK;
     char nb[32], hw[200];
     gp_format_bytes((size_t)need, nb, sizeof nb);
@@ -2364,7 +2375,7 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m, gp_device
                 gp_layer_param_count(&m->layers[k]) - gp_layer_tied_count(&m->layers[k]);
             buffers[m->dev_of[j]] += gp_layer_buffer_count(&m->layers[k]); /* values alone */
         }
-    size_t per = state_bytes(cfg);
+    double per = held_bytes(cfg); /* (the optimizer's share of it: ZeRO stage 1) */
     uint64_t host_need = 0;
     /* every replica's devices: each holds what replica 0's of its place do,
      * and may have its own memory: */
@@ -2372,7 +2383,8 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m, gp_device
         uint64_t cap = device_opts(cfg, d).capacity;
         bool own = !cap && devs && devs[d];
         if (own) cap = gp_dev_mem_total(devs[d]);
-        uint64_t need = (uint64_t)held[d % n] * per + (uint64_t)buffers[d % n] * sizeof(float) +
+        uint64_t need = (uint64_t)((double)held[d % n] * per) +
+                        (uint64_t)buffers[d % n] * sizeof(float) +
                         (uint64_t)tied[d % n] * 2 * sizeof(float);
         if (!cap && gp_device_spec_is_cpu(&pc->devices[d % n])) host_need += need;
         if (!cap || need <= cap) continue;
@@ -2620,7 +2632,7 @@ static gp_status summary_layers(const gp_config *cfg, gp_model *m, FILE *f, summ
                     stage, dn, first, k, (long long)sg.params,
                     gp_format_bytes((size_t)(sg.params + sg.pad) * 4, pb, sizeof pb),
                     sg.flops / 1e6,
-                    gp_format_bytes((size_t)(sg.params + sg.pad) * state_bytes(cfg) +
+                    gp_format_bytes((size_t)((double)(sg.params + sg.pad) * held_bytes(cfg)) +
                                         (size_t)sg_tied * 2 * sizeof(float), mb, sizeof mb),
                     state_words(cfg, true),
                     gp_format_bytes((size_t)sg.act, ab, sizeof ab));
@@ -2784,14 +2796,22 @@ static void summary_optimizer(const gp_config *cfg, FILE *f)
         snprintf(lr, sizeof lr, "lr %g (%g x batch %lld / base_batch %lld)", base, oc->lr,
                  (long long)cfg->train.batch_size, (long long)cfg->train.base_batch);
     else snprintf(lr, sizeof lr, "lr %g", oc->lr);
+    /* with replicas each holds its share of the state (ZeRO stage 1) */
+    int R = gp_model_optim_shards(cfg);
+    char shard[160] = "";
+    if (R > 1 && per > 8)
+        snprintf(shard, sizeof shard, "; the %d replicas split the optimizer's state, so a "
+                 "device holds %.4g bytes per parameter of its stages", R, held_bytes(cfg));
     if (oc->kind == GP_OPTIM_SGD)
         fprintf(f, "optimizer: sgd (%s, momentum %g%s, weight decay %g): %zu bytes per "
-                   "parameter (%s)%s\n", lr, (double)oc->momentum,
-                oc->nesterov ? ", nesterov" : "", (double)oc->weight_decay, per, held, clip);
+                   "parameter (%s%s)%s\n", lr, (double)oc->momentum,
+                oc->nesterov ? ", nesterov" : "", (double)oc->weight_decay, per, held, shard,
+                clip);
     else
         fprintf(f, "optimizer: %s (%s, betas [%g, %g], eps %g, weight decay %g): %zu bytes "
-                   "per parameter (%s)%s\n", oc->type, lr, (double)oc->beta1,
-                (double)oc->beta2, (double)oc->eps, (double)oc->weight_decay, per, held, clip);
+                   "per parameter (%s%s)%s\n", oc->type, lr, (double)oc->beta1,
+                (double)oc->beta2, (double)oc->eps, (double)oc->weight_decay, per, held, shard,
+                clip);
 }
 
 /* A language model's line (one that starts with an embedding: model.gpt,

@@ -283,33 +283,33 @@ gp_status gp_cpu_all_gather(gp_device *dev, gp_comm *comm, float *buf, int64_t n
 /* Element e of sharded_sgd_span, scalar: the head and tail around the
  * vector loop, and all of it without SSE. */
 static inline void sharded_sgd_elem(float *const *gs, float *const *ws, int R, int me, float *w,
-                                    float *v, int64_t e, float lr, float mu, float wd,
-                                    int nesterov)
+                                    float *v, int64_t lo, int64_t e, float lr, float mu,
+                                    float wd, int nesterov)
 {
     float sum = gs[0][e], t = 0.0f; /* t: v's place for plain SGD (v NULL) */
     for (int q = 1; q < R; q++) sum += gs[q][e];
-    gp_ew_sgd(&w[e], sum, v ? &v[e] : &t, lr, mu, wd, nesterov);
+    gp_ew_sgd(&w[e], sum, v ? &v[e - lo] : &t, lr, mu, wd, nesterov);
     for (int q = 0; q < R; q++)
         if (q != me) ws[q][e] = w[e];
 }
 
 static void sharded_sgd_span(float *const *gs, float *const *ws, int R, int me, float *w,
-                             float *v, int64_t e0, int64_t e1, float lr, float mu, float wd,
-                             int nesterov)
+                             float *v, int64_t lo, int64_t e0, int64_t e1, float lr, float mu,
+                             float wd, int nesterov)
 {
     int64_t e = e0;
 #if defined(__SSE2__)
     for (; e < e1 && ((uintptr_t)(w + e) & 15); e++) /* scalar up to w's alignment */
-        sharded_sgd_elem(gs, ws, R, me, w, v, e, lr, mu, wd, nesterov);
+        sharded_sgd_elem(gs, ws, R, me, w, v, lo, e, lr, mu, wd, nesterov);
     const __m128 vlr = _mm_set1_ps(lr), vmu = _mm_set1_ps(mu), vwd = _mm_set1_ps(wd);
     for (; e + 4 <= e1; e += 4) {
         __m128 g = _mm_loadu_ps(gs[0] + e);
         for (int q = 1; q < R; q++) g = _mm_add_ps(g, _mm_loadu_ps(gs[q] + e));
         __m128 wv = _mm_load_ps(w + e);
         __m128 gg = _mm_add_ps(g, _mm_mul_ps(vwd, wv));         /* g + wd w */
-        __m128 vo = v ? _mm_loadu_ps(v + e) : _mm_setzero_ps();
+        __m128 vo = v ? _mm_loadu_ps(v + (e - lo)) : _mm_setzero_ps();
         __m128 vv = _mm_add_ps(_mm_mul_ps(vmu, vo), gg); /* mu v + g' */
-        if (v) _mm_storeu_ps(v + e, vv);
+        if (v) _mm_storeu_ps(v + (e - lo), vv);
         __m128 step = nesterov ? _mm_add_ps(gg, _mm_mul_ps(vmu, vv)) : vv;
         wv = _mm_sub_ps(wv, _mm_mul_ps(vlr, step));
         _mm_store_ps(w + e, wv);
@@ -322,7 +322,7 @@ static void sharded_sgd_span(float *const *gs, float *const *ws, int R, int me, 
     }
     _mm_sfence(); /* the streamed stores are visible before the closing barrier */
 #endif
-    for (; e < e1; e++) sharded_sgd_elem(gs, ws, R, me, w, v, e, lr, mu, wd, nesterov);
+    for (; e < e1; e++) sharded_sgd_elem(gs, ws, R, me, w, v, lo, e, lr, mu, wd, nesterov);
 }
 
 gp_status gp_cpu_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, float *v,
@@ -340,7 +340,7 @@ gp_status gp_cpu_sharded_sgd(gp_device *dev, gp_comm *comm, float *w, float *g, 
      * itself). */
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int t = 0; t < nt; t++)
-        sharded_sgd_span(cc->bufs, cc->bufs2, R, me, w, v, lo + (hi - lo) * t / nt,
+        sharded_sgd_span(cc->bufs, cc->bufs2, R, me, w, v, lo, lo + (hi - lo) * t / nt,
                          lo + (hi - lo) * (t + 1) / nt, lr, mu, wd, nesterov);
     return barrier(cc, R, true, false);
 }

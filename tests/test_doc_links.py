@@ -1,0 +1,94 @@
+#!/usr/bin/python3
+"""test_doc_links.py — every link in README.md and docs/*.md resolves
+(issue 80's bar): a relative link names a file or folder of the tree, and
+an anchor (#section, alone or after a .md file) names a heading of that
+page, by GitHub's rule for heading anchors (lower case, punctuation but
+hyphens and underscores dropped, spaces to hyphens, repeats numbered -1,
+-2, ...).  Links to the web (http, https, mailto) are not fetched: CI has
+no network.  Links inside code spans and fenced code blocks are not links.
+
+Needs GPIPE_SOURCE_DIR (set by CTest), else the tree this file is in.
+Prints "test_doc_links: N passed, N failed" last.
+"""
+import glob
+import os
+import re
+import sys
+
+from gpt_util import check, finish
+
+SRC = os.environ.get("GPIPE_SOURCE_DIR",
+                     os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def strip_code(text):
+    """The text with fenced blocks and code spans blanked (lines kept)."""
+    out, fence = [], None
+    for line in text.split("\n"):
+        m = re.match(r"^\s*(```|~~~)", line)
+        if m:
+            fence = None if fence == m.group(1) else (fence or m.group(1))
+            out.append("")
+            continue
+        out.append("" if fence else re.sub(r"`[^`]*`", "", line))
+    return out
+
+
+def anchors(path):
+    """GitHub's anchors of the headings of a Markdown file."""
+    seen, out = {}, set()
+    for line in strip_code(open(path, encoding="utf-8").read()):
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).lower().strip()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else "%s-%d" % (slug, n))
+    return out
+
+
+def links(path):
+    """(line, target) of every Markdown link and image in the file."""
+    raw = open(path, encoding="utf-8").read().split("\n")
+    fence = None
+    for no, line in enumerate(raw, 1):
+        m = re.match(r"^\s*(```|~~~)", line)
+        if m:
+            fence = None if fence == m.group(1) else (fence or m.group(1))
+            continue
+        if fence:
+            continue
+        bare = re.sub(r"`[^`]*`", "", line)
+        for t in re.findall(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", bare):
+            yield no, t
+        for t in re.findall(r"^\s*\[[^\]]+\]:\s*(\S+)", bare):  # reference definitions
+            yield no, t
+
+
+def main():
+    pages = [os.path.join(SRC, "README.md")] + sorted(glob.glob(os.path.join(SRC, "docs", "*.md")))
+    cache = {}
+    total = 0
+    for page in pages:
+        rel = os.path.relpath(page, SRC)
+        for no, target in links(page):
+            if re.match(r"^(https?|mailto|ftp):", target):
+                continue
+            total += 1
+            path, _, frag = target.partition("#")
+            dest = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+            ok = os.path.exists(dest)
+            why = "no such file or folder"
+            if ok and frag and dest.endswith(".md"):
+                if dest not in cache:
+                    cache[dest] = anchors(dest)
+                ok = frag.lower() in cache[dest]
+                why = "no heading with that anchor in %s" % os.path.relpath(dest, SRC)
+            check(ok, "%s:%d: the link '%s' does not resolve: %s" % (rel, no, target, why))
+    check(total > 20, "only %d links found in README.md and docs/: is the parser right?" % total)
+    return finish("test_doc_links")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
