@@ -20,7 +20,7 @@
 set -euo pipefail
 pkgs=(cmake make gcc g++ pkgconf libyaml-dev libprotobuf-c-dev protobuf-c-compiler zlib1g-dev libisal-dev libdnnl-dev libturbojpeg0-dev libjpeg62-turbo-dev
       libpng-dev openmpi-bin libopenmpi-dev
-      python3-matplotlib python3-pil python3-numpy python3-venv
+      python3-matplotlib python3-pil python3-numpy python3-venv groff-base
       dataset-fashion-mnist)
 for arg in "$@"; do
   case "$arg" in

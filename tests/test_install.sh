@@ -14,7 +14,8 @@ prefix="$tmp/prefix"
 cmake --install "$build" --prefix "$prefix" >"$tmp/install.log"
 for f in include/gpipe.h "$libdir/libgpipe.a" "$libdir/pkgconfig/gpipe.pc" bin/gpipe-train \
          bin/gpipe-balance bin/gpipe-sample "$libdir/cmake/gpipe/gpipeConfig.cmake" \
-         "$libdir/cmake/gpipe/gpipeConfigVersion.cmake"; do
+         "$libdir/cmake/gpipe/gpipeConfigVersion.cmake" share/man/man1/gpipe-train.1 \
+         share/man/man1/gpipe-balance.1 share/man/man1/gpipe-sample.1; do
   [ -f "$prefix/$f" ] || { echo "test_install: $f was not installed"; cat "$tmp/install.log"; exit 1; }
 done
 grep -q "^prefix=$prefix\$" "$prefix/$libdir/pkgconfig/gpipe.pc" || {

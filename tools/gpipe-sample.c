@@ -53,15 +53,19 @@
 static void usage(FILE *f)
 {
     fputs("usage: gpipe-sample CONFIG.yaml [options]\n"
+          "\n"
           "Continue a prompt with the config's language model (model.input [T], an output\n"
           "(T, vocabulary)), through its pipeline.\n"
+          "\n"
+          "options:\n"
           "  --resume SNAPSHOT   the weights of a snapshot (train.snapshot writes them);\n"
           "                      'latest' = the newest complete one in train.snapshot.dir\n"
           "  --weights FILE      a weights file instead (model.init_from: gpipe's, Hugging\n"
           "                      Face's GPT-2 model.safetensors or llm.c's gpt2_124M.bin)\n"
           "                      without either: the config's model.init_from, or fresh\n"
           "  --prompt TEXT       the prompt's bytes (byte-level models: vocabulary 256)\n"
-          "  --prompt-ids I,J,.. the prompt as token ids (any vocabulary)\n"
+          "  --prompt-ids I,J,..\n"
+          "                      the prompt as token ids (any vocabulary)\n"
           "  --tokens N          tokens to generate (default 64)\n"
           "  --temperature X     >= 0 (default 1); 0 = always the most likely token\n"
           "  --top-k K           draw among the K most likely only (default 0: all)\n"
@@ -78,6 +82,7 @@ static void usage(FILE *f)
           "  --set KEY=VALUE     override a config value (repeatable)\n"
           "  -q, --quiet         only errors\n"
           "  -h, --help          this text\n"
+          "\n"
           "exit status: 0 success; 2 bad command line or config; 3 a file error (a\n"
           "weights file, --out); 4 a failure while generating.\n",
           f);
