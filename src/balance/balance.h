@@ -417,10 +417,13 @@ gp_status gp_simulate_schedule_file(const gp_profile *p, gp_schedule_kind kind, 
                                     const double *capacity, gp_sim_result *out);
 /* Each of the n devices' peak bytes (peak[n]) under that schedule, split
  * and m, from the profile's memory columns alone (times are not needed: a
- * gp_profile_estimate will do). */
+ * gp_profile_estimate will do).  floor (optional, [n]): what each device
+ * holds at least, the peak where it runs one stage, else each of its
+ * stages' own peak beside the others' weights, gradients and state (the
+ * model of stages that share a device errs high: up to 1.5x measured). */
 gp_status gp_simulate_memory(const gp_profile *p, gp_schedule_kind kind, int n, int v,
                              const struct gp_schedule_file *file, const int *balance, int m,
-                             gp_checkpoint_mode ckpt, double *peak);
+                             gp_checkpoint_mode ckpt, double *peak, double *floor);
 /* Index into r[0..count) of the recommended run: the smallest m whose
  * throughput is within 5% of the best among those that fit (-1 if none fit). */
 int gp_sim_recommend(const gp_sim_result *r, int count);

@@ -556,13 +556,34 @@ static gp_status sim_begin(const gp_profile *p, gp_schedule_kind kind, int n, in
  * v-half's device 0 planned 19.06 MiB (now 16.99) for a measured 13.24,
  * zb-v's device 1 16.11 (now 15.05) for 11.55.  It still errs high there. */
 static gp_status sim_peaks(const gp_profile *p, const gp_schedule *sc, const int64_t *sizes,
-                           const int *first, const int *balance, double *peak)
+                           const int *first, const int *balance, double *peak, double *floor_)
 {
     for (int d = 0; d < sc->n; d++) peak[d] = 0;
     if (sc->stages == sc->n) { /* one stage a device */
         for (int j = 0; j < sc->stages; j++)
             peak[sc->dev_of[j]] = gp_stage_peak_bytes(p, sc, sizes, j, first[j], balance[j]);
+        if (floor_) memcpy(floor_, peak, (size_t)sc->n * sizeof *peak);
         return GP_OK;
+    }
+    /* floor_: what the device holds at least, each stage's own peak while
+     * the others hold their weights, gradients and state (the model errs
+     * high where stages share a device; this bound does not) */
+    if (floor_) {
+        double stat[GP_MAX_DEVICES], sum[GP_MAX_DEVICES] = {0};
+        double shards = p->optim_shards > 1 ? p->optim_shards : 1;
+        for (int j = 0; j < sc->stages; j++) {
+            stat[j] = 0;
+            for (int k = first[j]; k < first[j] + balance[j]; k++)
+                stat[j] += (double)(p->mem[k].param_bytes + p->mem[k].grad_bytes) +
+                           (double)p->mem[k].optim_bytes / shards;
+            sum[sc->dev_of[j]] += stat[j];
+        }
+        for (int d = 0; d < sc->n; d++) floor_[d] = 0;
+        for (int j = 0; j < sc->stages; j++) {
+            int d = sc->dev_of[j];
+            double own = gp_stage_peak_bytes(p, sc, sizes, j, first[j], balance[j]);
+            floor_[d] = fmax(floor_[d], own + sum[d] - stat[j]);
+        }
     }
     int most = 0;
     for (int d = 0; d < sc->n; d++)
@@ -591,14 +612,14 @@ static gp_status sim_peaks(const gp_profile *p, const gp_schedule *sc, const int
 
 gp_status gp_simulate_memory(const gp_profile *p, gp_schedule_kind kind, int n, int v,
                              const struct gp_schedule_file *file, const int *balance, int m,
-                             gp_checkpoint_mode ckpt, double *peak)
+                             gp_checkpoint_mode ckpt, double *peak, double *floor_)
 {
     v = gp_schedule_stages_per_device(kind, v);
     int first[GP_MAX_DEVICES];
     int64_t sizes[GP_MAX_CHUNKS];
     gp_schedule sc;
     GP_TRY(sim_begin(p, kind, n, v, file, balance, m, ckpt, first, sizes, &sc));
-    gp_status st = sim_peaks(p, &sc, sizes, first, balance, peak);
+    gp_status st = sim_peaks(p, &sc, sizes, first, balance, peak, floor_);
     gp_schedule_free(&sc);
     return st;
 }
@@ -728,7 +749,7 @@ gp_status gp_simulate_schedule_file(const gp_profile *p, gp_schedule_kind kind, 
     out->bubble = out->step > 0 ? 1.0 - busy / ((double)n * out->step) : 0;
     out->throughput = out->step > 0 ? (double)p->batch / out->step : 0;
     out->fits = true;
-    gp_status ps = sim_peaks(p, &sc, sizes, first, balance, out->peak_bytes);
+    gp_status ps = sim_peaks(p, &sc, sizes, first, balance, out->peak_bytes, NULL);
     for (int j = 0; j < n; j++) {
         if (capacity && capacity[j] > 0 && out->peak_bytes[j] > capacity[j]) out->fits = false;
     }

@@ -2422,14 +2422,16 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m, gp_device
  * checkpointing, with every layer's parameters, gradients, optimizer state
  * and activations taken from its shapes (gp_model_profile_estimate:
  * nothing runs, so a model of any size is checked at once; the backend's
- * workspace is not counted, so it errs low for one stage a device; where a
- * device holds several stages it errs high, measured up to 1.5x on a
- * U-Net's V schedules, test_balance).  A device whose capacity
- * (pipeline.memory, or a GPU's own) is below its peak stops the run here,
- * naming the device, the schedule and what would help;
- * GPIPE_MEMORY_CHECK=0 runs it anyway.  dry: --dry-run prints the peaks
- * (into f) and notes a device that would not fit instead.  devs (opened,
- * or NULL): what a pooling keeps is asked of the first. */
+ * workspace is not counted).  A device whose capacity (pipeline.memory, or
+ * a GPU's own) is below what it holds at least stops the run here, naming
+ * the device, the schedule and what would help; GPIPE_MEMORY_CHECK=0 runs
+ * it anyway.  "At least": the estimated peak where a device runs one
+ * stage; where it runs several, each stage's own peak beside the others'
+ * weights and state (the estimate of their sum errs high, up to 1.5x
+ * measured on a U-Net's V schedules, and a run that fits must not be
+ * refused).  dry: --dry-run prints the estimated peaks (into f) and notes
+ * a device that would not fit instead.  devs (opened, or NULL): what a
+ * pooling keeps is asked of the first. */
 static gp_status activations_fit(const gp_config *cfg, const gp_model *meta, gp_device **devs,
                                  bool dry, FILE *f)
 {
@@ -2442,10 +2444,10 @@ static gp_status activations_fit(const gp_config *cfg, const gp_model *meta, gp_
     for (int d = 0; devs && d < gp_pipeline_devices_total(pc) && !ask; d++) ask = devs[d];
     gp_profile prof;
     gp_status s = gp_model_profile_estimate(cfg, ask, &prof);
-    double peak[GP_MAX_DEVICES];
+    double peak[GP_MAX_DEVICES], floor_[GP_MAX_DEVICES];
     if (s == GP_OK) {
         s = gp_simulate_memory(&prof, pc->schedule, n, meta->n_stages / n, pc->schedule_file,
-                               meta->balance, pc->chunks, pc->checkpoint, peak);
+                               meta->balance, pc->chunks, pc->checkpoint, peak, floor_);
         gp_profile_free(&prof);
     }
     if (s != GP_OK) { /* (the schedule's own errors are the config's, said elsewhere) */
@@ -2464,9 +2466,11 @@ static gp_status activations_fit(const gp_config *cfg, const gp_model *meta, gp_
                 (long long)((gp_config_replica_batch(cfg) + pc->chunks - 1) / pc->chunks),
                 gp_checkpoint_mode_name(pc->checkpoint));
         for (int d = 0; d < n; d++) {
-            char b[32];
+            char b[32], lb[32];
             fprintf(f, "%s %s %s", d ? "," : "", pc->devices[d].name,
                     gp_format_bytes((size_t)peak[d], b, sizeof b));
+            if (meta->n_stages > n) /* several stages a device: what it holds at least */
+                fprintf(f, " (at least %s)", gp_format_bytes((size_t)floor_[d], lb, sizeof lb));
         }
         fprintf(f, "\n");
     }
@@ -2475,7 +2479,7 @@ static gp_status activations_fit(const gp_config *cfg, const gp_model *meta, gp_
         uint64_t cap = device_opts(cfg, d).capacity;
         bool own = !cap && devs && devs[d];
         if (own) cap = gp_dev_mem_total(devs[d]);
-        double need = peak[d % n];
+        double need = floor_[d % n];
         if (!cap && gp_device_spec_is_cpu(&pc->devices[d % n])) host_need += (uint64_t)need;
         if (!cap || need <= (double)cap) continue;
         char nb[32], cb[32];
@@ -2486,20 +2490,22 @@ static gp_status activations_fit(const gp_config *cfg, const gp_model *meta, gp_
                 ? "pipeline.checkpoint: always keeps only each stage's input; or "
                 : "";
         if (dry) {
-            fprintf(stderr, "note: %s needs about %s at a step's peak under %s, more than %s "
+            fprintf(stderr, "note: %s needs %s%s at a step's peak under %s, more than %s "
                     "%s; a run would stop at start-up (%smore micro-batches, a schedule with "
-                    "fewer in flight, or more devices)\n", pc->devices[d].name, nb, sched,
+                    "fewer in flight, or more devices)\n", pc->devices[d].name,
+                    meta->n_stages > n ? "at least " : "about ", nb, sched,
                     own ? "the device's memory," : "its pipeline.memory of", cb, help);
             continue;
         }
-        return gp_error_set(GP_ERR_OOM, "%s: %s needs about %s at a step's peak (weights%s "
+        return gp_error_set(GP_ERR_OOM, "%s: %s needs %s%s at a step's peak (weights%s "
                             "and the activations of %d micro-batch%s under %s, "
                             "checkpoint %s; estimated from the layers' shapes), more than %s "
                             "%s: %smore micro-batches, a schedule with fewer in flight "
                             "(1f1b, v-half, v-min), or more devices would lower it "
                             "(gpipe-train --dry-run shows every device's; "
                             "GPIPE_MEMORY_CHECK=0 runs anyway)", cfg->path, pc->devices[d].name,
-                            nb, state_words(cfg, false), pc->chunks,
+                            meta->n_stages > n ? "at least " : "about ", nb,
+                            state_words(cfg, false), pc->chunks,
                             pc->chunks == 1 ? "" : "es", sched,
                             gp_checkpoint_mode_name(pc->checkpoint),
                             own ? "the device's memory," : "its pipeline.memory of", cb, help);
