@@ -5,7 +5,8 @@ an anchor (#section, alone or after a .md file) names a heading of that
 page, by GitHub's rule for heading anchors (lower case, punctuation but
 hyphens and underscores dropped, spaces to hyphens, repeats numbered -1,
 -2, ...).  Links to the web (http, https, mailto) are not fetched: CI has
-no network.  Links inside code spans and fenced code blocks are not links.
+no network.  Links inside code spans and fenced code blocks are not links.  And
+CHANGELOG.md's newest version is the one gpipe-train --version prints.
 
 Needs GPIPE_SOURCE_DIR (set by CTest), else the tree this file is in.
 Prints "test_doc_links: N passed, N failed" last.
@@ -13,6 +14,7 @@ Prints "test_doc_links: N passed, N failed" last.
 import glob
 import os
 import re
+import subprocess
 import sys
 
 from gpt_util import check, finish
@@ -87,7 +89,34 @@ def main():
                 why = "no heading with that anchor in %s" % os.path.relpath(dest, SRC)
             check(ok, "%s:%d: the link '%s' does not resolve: %s" % (rel, no, target, why))
     check(total > 20, "only %d links found in README.md and docs/: is the parser right?" % total)
+    changelog_version()
     return finish("test_doc_links")
+
+
+def changelog_version():
+    """CHANGELOG.md's newest entry is include/gpipe.h's version, which the
+    built gpipe-train's --version prints."""
+    h = open(os.path.join(SRC, "include", "gpipe.h")).read()
+    v = ".".join(re.search(r"#define GPIPE_VERSION_%s (\d+)" % k, h).group(1)
+                 for k in ("MAJOR", "MINOR", "PATCH"))
+    path = os.path.join(SRC, "CHANGELOG.md")
+    top = None
+    if os.path.exists(path):
+        for line in open(path, encoding="utf-8"):
+            m = re.match(r"^## (\d+\.\d+\.\d+)\b", line)
+            if m:
+                top = m.group(1)
+                break
+    check(top == v, "CHANGELOG.md's newest version is %s, include/gpipe.h's %s: add an entry "
+          "for it" % (top, v))
+    binary = os.path.join(os.environ.get("GPIPE_BINARY_DIR", os.path.join(SRC, "build")),
+                          "gpipe-train")
+    if os.path.exists(binary):
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+        check(out.strip() == "gpipe-train " + v, "gpipe-train --version says %r, not %s"
+              % (out.strip(), v))
+    else:
+        check(False, "no %s to ask its --version (set GPIPE_BINARY_DIR)" % binary)
 
 
 if __name__ == "__main__":
