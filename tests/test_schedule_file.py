@@ -158,6 +158,14 @@ def main():
         check(rc == 0 and rc2 == 0 and odd in out2,
               "--write of a file schedule with a quote in its path: %d %d %s %s"
               % (rc, rc2, out[-300:], out2[-300:]))
+        # --by both predicts the step of a file's schedule on both splits
+        # (it printed nothing: the file was not passed to the simulator)
+        rc, out = gpipe(tmp, [CFG, "--by", "both", "-q", "--reps", "1"],
+                        [devices(2), "pipeline.chunks=4",
+                         "pipeline.schedule={file: %s}" % os.path.join(DATA, "zbv_n2_m4.csv")],
+                        "gpipe-balance", env=dict(os.environ, GPIPE_PROFILE_CACHE="off"))
+        check(rc == 0 and re.search(r"predicted step: by time [\d.]+ ms, by size [\d.]+ ms", out),
+              "--by both with a schedule file: exit %d: %s" % (rc, out[-500:]))
         # with replicas: the file as the built-in on each replica
         rep = [devices(2), "pipeline.replicas=2", "pipeline.chunks=4"]
         a = train(tmp, "repfile", rep + ["pipeline.schedule={file: %s}"

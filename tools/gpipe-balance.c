@@ -781,10 +781,12 @@ int main(int argc, char **argv)
                 print_balance("for comparison, by size", &prof, &ps, bs);
                 gp_sim_result a, b;
                 gp_schedule_kind sk = cfg.pipeline.schedule;
-                if (gp_simulate_schedule(&prof, sk, n, v, balance, m, po.checkpoint,
-                                         cfg.pipeline.lockstep, pd.capacity, &a) == GP_OK &&
-                    gp_simulate_schedule(&prof, sk, n, v, bs, m, po.checkpoint,
-                                         cfg.pipeline.lockstep, pd.capacity, &b) == GP_OK)
+                /* (a schedule read from a file simulates as the file's lists) */
+                const struct gp_schedule_file *sf = cfg.pipeline.schedule_file;
+                if (gp_simulate_schedule_file(&prof, sk, n, v, sf, balance, m, po.checkpoint,
+                                              cfg.pipeline.lockstep, pd.capacity, &a) == GP_OK &&
+                    gp_simulate_schedule_file(&prof, sk, n, v, sf, bs, m, po.checkpoint,
+                                              cfg.pipeline.lockstep, pd.capacity, &b) == GP_OK)
                     printf("  predicted step: by time %.2f ms, by size %.2f ms\n", a.step * 1e3,
                            b.step * 1e3);
             }

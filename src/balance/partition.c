@@ -110,6 +110,21 @@ static const char *name_of(const gp_partition_problem *pb, int k, char *buf, siz
     return buf;
 }
 
+/* A layer that fits no device even alone (need bytes where the best
+ * device holds cap): the error of both partitioners. */
+static gp_status layer_alone_error(const gp_partition_problem *pb, int k, double need, double cap,
+                                   double over)
+{
+    char nb[160], b1[32], b2[32], b3[32];
+    return gp_error_set(GP_ERR_OOM,
+                        "%s alone needs %s on a device but the best device holds %s: over by %s; "
+                        "raise pipeline.memory or pipeline.chunks (smaller micro-batches), or "
+                        "checkpoint",
+                        name_of(pb, k, nb, sizeof nb), gp_format_bytes((size_t)need, b1, sizeof b1),
+                        gp_format_bytes((size_t)cap, b2, sizeof b2),
+                        gp_format_bytes((size_t)over, b3, sizeof b3));
+}
+
 gp_status gp_partition_solve(const gp_partition_problem *pb, int *balance, double *out_max,
                              double *out_second)
 {
@@ -159,15 +174,7 @@ gp_status gp_partition_solve(const gp_partition_problem *pb, int *balance, doubl
             worst_cap = bc;
         }
     }
-    if (worst_k >= 0)
-        return gp_error_set(GP_ERR_OOM,
-                            "%s alone needs %s on a device but the best device holds %s: over "
-                            "by %s; raise pipeline.memory or pipeline.chunks (smaller "
-                            "micro-batches), or checkpoint",
-                            name_of(pb, worst_k, nb, sizeof nb),
-                            gp_format_bytes((size_t)worst_need, b1, sizeof b1),
-                            gp_format_bytes((size_t)worst_cap, b2, sizeof b2),
-                            gp_format_bytes((size_t)worst_over, b3, sizeof b3));
+    if (worst_k >= 0) return layer_alone_error(pb, worst_k, worst_need, worst_cap, worst_over);
     int bal[GP_MAX_DEVICES];
     double over = 0;
     if (!solve_dp(pb, true, bal, &over, NULL, &oom))
@@ -476,15 +483,7 @@ gp_status gp_partition_solve_v(const gp_partition_problem *pb, int *balance, dou
             worst_cap = bc;
         }
     }
-    if (worst_k >= 0)
-        return gp_error_set(GP_ERR_OOM,
-                            "%s alone needs %s on a device but the best device holds %s: over "
-                            "by %s; raise pipeline.memory or pipeline.chunks (smaller "
-                            "micro-batches), or checkpoint",
-                            name_of(pb, worst_k, nb, sizeof nb),
-                            gp_format_bytes((size_t)worst_need, s1, sizeof s1),
-                            gp_format_bytes((size_t)worst_cap, s2, sizeof s2),
-                            gp_format_bytes((size_t)worst_over, s3, sizeof s3));
+    if (worst_k >= 0) return layer_alone_error(pb, worst_k, worst_need, worst_cap, worst_over);
     int bal[2 * GP_MAX_DEVICES];
     double over = 0;
     if (!solve_v(pb, true, bal, &over, &oom))

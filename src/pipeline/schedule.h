@@ -193,12 +193,15 @@ const char *gp_schedule_kind_name(gp_schedule_kind k);
 bool gp_schedule_v_shape(gp_schedule_kind k);
 /* Stages per device: interleaved's v (virtual, >= 2), zb-v's 2, else 1. */
 int gp_schedule_stages_per_device(gp_schedule_kind k, int virtual_stages);
+/* The device of stage j of 2n placed in a V over n devices: d holds
+ * stages d and 2n - 1 - d. */
+static inline int gp_schedule_v_device(int n, int j) { return j < n ? j : 2 * n - 1 - j; }
 /* The device of stage j (of n x stages per device) over n devices. */
 static inline int gp_schedule_device_of(gp_schedule_kind k, int n, int j)
 {
     if (k == GP_SCHEDULE_ZB_V || k == GP_SCHEDULE_DUALPIPE_V || k == GP_SCHEDULE_V_HALF ||
         k == GP_SCHEDULE_V_MIN || k == GP_SCHEDULE_FILE_V)
-        return j < n ? j : 2 * n - 1 - j;
+        return gp_schedule_v_device(n, j);
     return j % n;
 }
 /* The most micro-batches in flight on stage j (forwarded, their activations

@@ -280,7 +280,7 @@ static gp_status check_placement(gp_schedule_file *f)
     bool loop = true, v = S == 2 * f->n;
     for (int j = 0; j < S; j++) {
         loop = loop && rank_of[j] == j % f->n;
-        v = v && rank_of[j] == gp_schedule_device_of(GP_SCHEDULE_ZB_V, f->n, j);
+        v = v && rank_of[j] == gp_schedule_v_device(f->n, j);
     }
     if (!loop && !v) {
         int j = 0;
@@ -298,7 +298,7 @@ static gp_status check_placement(gp_schedule_file *f)
 
 static int rank_at(const gp_schedule_file *f, int j)
 {
-    return f->v_shape ? gp_schedule_device_of(GP_SCHEDULE_ZB_V, f->n, j) : j % f->n;
+    return f->v_shape ? gp_schedule_v_device(f->n, j) : j % f->n;
 }
 
 /* Each computation once, in order on its rank. */
@@ -376,7 +376,7 @@ static gp_status check_comms(gp_schedule_file *f, placed *pl)
     int S = f->stages, m = f->m;
     int rank_of[GP_MAX_DEVICES];
     for (int j = 0; j < S; j++)
-        rank_of[j] = f->v_shape ? gp_schedule_device_of(GP_SCHEDULE_ZB_V, f->n, j) : j % f->n;
+        rank_of[j] = f->v_shape ? gp_schedule_v_device(f->n, j) : j % f->n;
     size_t cells = (size_t)m * S * 4;
     int *cm = malloc(cells * sizeof *cm); /* [(i S + j) 4 + SEND_F/RECV_F/SEND_B/RECV_B] */
     if (!cm) return gp_error_set(GP_ERR_OOM, "out of host memory checking '%s'", f->path);

@@ -442,7 +442,7 @@ void gp_model_plan_opts(const gp_config *cfg, int n, gp_plan_opts *o)
                                                      : GP_SCHEDULE_INTERLEAVED;
     o->lockstep = pc->lockstep;
     for (int j = 0; j < n && j < GP_MAX_DEVICES; j++) {
-            int d = o->v_shape ? gp_schedule_device_of(GP_SCHEDULE_ZB_V, nd, j) : j % nd;
+        int d = o->v_shape ? gp_schedule_v_device(nd, j) : j % nd;
         size_t cap = d < pc->n_devices && pc->devices[d].memory ? pc->devices[d].memory : pc->memory;
         o->capacity[j] = (double)cap / v;
     }
