@@ -111,6 +111,15 @@ def main():
               in out + err and "model.llama.heads = 4 (default)" not in out + err,
               "-v lists rope_scaling and marks no size from the file as a default (item 22)")
 
+        # a folder that leaves tie_word_embeddings out is untied, as
+        # transformers' LlamaConfig (and Qwen2Config) take it: its own
+        # head's 256 x 64 more parameters (gpipe took PretrainedConfig's true)
+        put(json.dumps({k: v for k, v in GOOD.items() if k != "tie_word_embeddings"}))
+        rc, out, err = run("gpipe-train", [cfg, "--dry-run", "-v"])
+        check(rc == 0 and params_of(out) == GOOD_PARAMS + 256 * 64 and
+              "model.llama.tie = false (%s: tie_word_embeddings)" % cj in out + err,
+              "no tie_word_embeddings: untied, %r parameters: %r" % (params_of(out), err[-300:]))
+
         # (1) hangs and crashes: a FIFO in every tool; num_attention_heads 0
         os.remove(cj)
         os.mkfifo(cj)

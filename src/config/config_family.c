@@ -843,8 +843,10 @@ static gp_status llama_sizes(gp_cfg_walk *w, const gp_ynode *g, const llama_src 
     GP_TRY(llama_float(w, g, s, NULL, "rms_eps", "rms_norm_eps", 1e-6, 0, &o->rms_eps));
     GP_TRY(gp_cfg_get_float(w, g, gs, "std", 0.02f, 0, INFINITY, GP_CFG_LO_OPEN, &o->std));
     if (cj && gp_cfg_absent(gp_ymap_get(g, "tie"))) {
-        /* (true where the file leaves it out: PretrainedConfig's default) */
-        if (gp_hf_config_bool(&s->cfg, NULL, "tie_word_embeddings", true, &o->tie) != GP_OK)
+        /* (false where the file leaves it out: LlamaConfig's and
+         * Qwen2Config's default, which transformers applies to these
+         * folders; PretrainedConfig's true is for other models) */
+        if (gp_hf_config_bool(&s->cfg, NULL, "tie_word_embeddings", false, &o->tie) != GP_OK)
             return llama_src_bad(w, s, "tie");
         gp_cfg_note(w, "model.llama.tie = %s (%s: tie_word_embeddings)",
                     o->tie ? "true" : "false", s->cfg.path);
