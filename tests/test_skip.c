@@ -611,7 +611,7 @@ static void transparency(int n, int m, gp_checkpoint_mode ck, bool lockstep, gp_
     c.train.activations = act;
     int bal[8];
     int S = gpt_set_schedule(&c, kind, n, bal);
-    if (kind != GP_SCHEDULE_INTERLEAVED && kind != GP_SCHEDULE_ZB_V) balance_for(S, bal);
+    if (kind != GP_SCHEDULE_INTERLEAVED && !gp_schedule_v_shape(kind)) balance_for(S, bal);
     c.pipeline.chunks = m;
     c.pipeline.checkpoint = ck;
     c.pipeline.lockstep = lockstep;
@@ -863,6 +863,13 @@ int main(void)
                     }
             }
         }
+    /* the other V schedules: the same skips across a V (DualPipeV feeds
+     * both ends: m = 4 on 2 devices), every checkpoint mode */
+    static const gp_schedule_kind v_kinds[] = {GP_SCHEDULE_DUALPIPE_V, GP_SCHEDULE_V_HALF,
+                                               GP_SCHEDULE_V_MIN};
+    for (int k = 0; k < 3; k++)
+        for (int ck = 0; ck < 3; ck++)
+            transparency(2, 4, (gp_checkpoint_mode)ck, ck % 2, v_kinds[k], false);
     /* copies in bf16: every schedule on 2-4 devices (interleaved on 2, 4
      * stages), every checkpoint mode, lockstep on and off.  With the CPU's
      * copy streams (test_skip_streams) both bf16 grids run the sanitizers'
