@@ -52,6 +52,18 @@ static void usage(FILE *f)
           "                     (torch.distributed.pipelining's _dump_csv: 0F1, 1I0, 1W0,\n"
           "                     0SEND_F1, ...): --simulate's recommendation, else the\n"
           "                     config's schedule; pipeline.schedule: {file: F} runs it\n"
+          "  --plan N           lay out N devices: every split into a pipeline of n\n"
+          "                     devices x N/n data-parallel replicas, schedule, m and\n"
+          "                     checkpoint mode, balanced, simulated (the replicas'\n"
+          "                     reduction and split optimizer state counted), and the\n"
+          "                     fastest that fit listed with step, bubble, samples or\n"
+          "                     tokens/s, MFU and peak memory, and what was ruled out;\n"
+          "                     --write writes the first.  CPU devices of this machine\n"
+          "                     (profiled), or with --gpu the roofline's floor\n"
+          "  --gpu h100|h200    with --plan: GPUs of that kind (80 or 141 GB unless\n"
+          "                     --memory), timed by the roofline, no GPU needed\n"
+          "  --memory SIZE      with --plan: each device's memory (e.g. 80GB)\n"
+          "  --top K            with --plan: list K layouts (default 10)\n"
           "  --profile-out F    save the profile as JSON\n"
           "  --profile-in F     use a saved profile instead of profiling\n"
           "  --reps R           timed runs per measurement, median taken (default 5;\n"
@@ -292,7 +304,8 @@ static void print_word(const char *w)
 /* The options that take a value, as "--opt VALUE" or "--opt=VALUE". */
 static const char *const k_valued[] = {"--devices", "--chunks", "--by", "--write",
                                        "--profile-out", "--profile-in", "--set", "--reps",
-                                       "--write-schedule"};
+                                       "--write-schedule", "--plan", "--gpu", "--memory",
+                                       "--top"};
 
 /* Argument a as an option taking a value: its name into opt ("--devices"),
  * and its value when written "--devices=4" (else NULL: the next argument,
@@ -388,11 +401,87 @@ static void print_balance(const char *title, const gp_profile *p, const gp_plan_
     printf("  imbalance (max / mean stage cost): %.3f\n", sum > 0 ? mx / (sum / n) : 1.0);
 }
 
+/* --plan N: every layout of N devices, ranked (gp_plan_layouts); the best
+ * `top` printed with what was ruled out and why; --write the first. */
+static int run_plan(gp_config *cfg, int N, const char *gpu, double memory, int top, int reps,
+                    const char *write_path, bool say)
+{
+    gp_plan_request rq = {.devices = N, .gpu = gpu, .memory = memory, .reps = reps, .say = say};
+    gp_plan_result r;
+    gp_status s = gp_plan_layouts(cfg, &rq, &r);
+    if (s != GP_OK) {
+        fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());
+        return gp_status_exit_code(s);
+    }
+    char cb[32];
+    bool lm = cfg->model.n_layers > 0 && cfg->model.layers[0].type == GP_LAYER_EMBEDDING;
+    double per = lm ? (double)cfg->model.input[0] : 1.0; /* tokens a sample */
+    printf("layouts of %d %s%s (%s each), batch %lld: %d considered, %d fit\n", N,
+           gpu ? gpu : "CPU device", N == 1 ? "" : "s",
+           r.capacity > 0 ? mb(r.capacity, cb, sizeof cb) : "unlimited memory",
+           (long long)cfg->train.batch_size, r.considered, r.n_layouts);
+    printf("  %-4s %-9s %-14s %5s %-11s %10s %7s %12s %6s %12s\n", "rank", "stages", "schedule",
+           "m", "checkpoint", "step ms", "bubble", lm ? "tokens/s" : "samples/s", "MFU",
+           "peak/device");
+    for (int i = 0; i < r.n_layouts && i < top; i++) {
+        const gp_layout *l = &r.layouts[i];
+        char lay[32], sch[32], pk[32], mfu[16];
+        snprintf(lay, sizeof lay, "%dx%d", l->devices, l->replicas);
+        snprintf(sch, sizeof sch, "%s", gp_schedule_kind_name(l->schedule));
+        if (isnan(l->mfu)) snprintf(mfu, sizeof mfu, "-");
+        else snprintf(mfu, sizeof mfu, "%.0f%%", 100 * l->mfu);
+        printf("  %-4d %-9s %-14s %5d %-11s %10.2f %7.3f %12.0f %6s %12s\n", i + 1, lay, sch,
+               l->m, gp_checkpoint_mode_name(l->checkpoint), l->step * 1e3, l->bubble,
+               l->samples_per_s * per, mfu, mb(l->peak, pk, sizeof pk));
+    }
+    printf("  (stages: a pipeline's devices x its replicas; the replicas' gradient reduction "
+           "is in the step%s)\nruled out: %d with more replicas x micro-batches than samples, "
+           "%d that no schedule makes (more stages than layers, interleaved's m), %d over the "
+           "devices' memory\n", gpu ? "; times are the roofline's floor: measured steps "
+           "run slower, and MFU lower" : "", r.no_batch, r.no_schedule, r.no_memory);
+    if (r.n_layouts == 0) {
+        printf("no layout fits: more devices, more memory (--memory), or a smaller batch\n");
+        gp_plan_result_free(&r);
+        return EXIT_USAGE; /* (2: as an infeasible balance, --help) */
+    }
+    int rc = EXIT_OK;
+    if (write_path) { /* the best as a config */
+        const gp_layout *b = &r.layouts[0];
+        gp_pipeline_config *pc = &cfg->pipeline;
+        pc->n_devices = b->devices;
+        pc->replicas = b->replicas;
+        for (int d = 0; d < N; d++) {
+            snprintf(pc->devices[d].name, sizeof pc->devices[d].name, "%s:%d",
+                     gpu ? "cuda" : "cpu", d);
+            pc->devices[d].memory = 0;
+            pc->devices[d].threads = gpu ? 0 : 1;
+        }
+        pc->chunks = b->m;
+        pc->checkpoint = b->checkpoint;
+        pc->schedule = b->schedule;
+        pc->virtual_stages = b->virtual_stages;
+        pc->lockstep = false;
+        pc->threads = gpu ? 0 : 1;
+        if (memory > 0) pc->memory = (size_t)memory;
+        gp_status ws = write_config(write_path, cfg, b->balance);
+        if (ws != GP_OK) {
+            fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());
+            rc = gp_status_exit_code(ws);
+        } else {
+            printf("wrote %s: layout 1\n", write_path);
+        }
+    }
+    gp_plan_result_free(&r);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *config = NULL, *write_path = NULL, *prof_out = NULL, *prof_in = NULL;
     const char *sched_out = NULL;
-    int devices = 0, chunks = 0, simulate = 0, reps = 5;
+    int devices = 0, chunks = 0, simulate = 0, reps = 5, plan = 0, top = 10;
+    const char *gpu = NULL;
+    double plan_memory = 0;
     gp_balance_by by = GP_BALANCE_BY_TIME;
     const char **sets = calloc((size_t)argc + 4, sizeof *sets);
     int n_sets = 0, set_value_at = -1, quiet = 0;
@@ -421,7 +510,8 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--devices") || !strcmp(a, "--chunks") || !strcmp(a, "--by") ||
                    !strcmp(a, "--write") || !strcmp(a, "--profile-out") ||
                    !strcmp(a, "--profile-in") || !strcmp(a, "--set") || !strcmp(a, "--reps") ||
-                   !strcmp(a, "--write-schedule")) {
+                   !strcmp(a, "--write-schedule") || !strcmp(a, "--plan") ||
+                   !strcmp(a, "--gpu") || !strcmp(a, "--memory") || !strcmp(a, "--top")) {
             if (!inline_v && i + 1 >= argc) {
                 fprintf(stderr, "gpipe-balance: %s needs a value; see --help\n", a);
                 free(sets);
@@ -436,13 +526,16 @@ int main(int argc, char **argv)
             }
             set_value_at = !strcmp(a, "--set") && !inline_v ? i : -1;
             char *end = NULL;
-            if (!strcmp(a, "--devices") || !strcmp(a, "--chunks") || !strcmp(a, "--reps")) {
+            if (!strcmp(a, "--devices") || !strcmp(a, "--chunks") || !strcmp(a, "--reps") ||
+                !strcmp(a, "--plan") || !strcmp(a, "--top")) {
                 /* the most devices in a pipeline, micro-batches in a step,
                  * timed runs (more would take hours for nothing) */
-                long most = !strcmp(a, "--devices") ? GP_MAX_DEVICES
+                long most = !strcmp(a, "--devices") || !strcmp(a, "--plan") ? GP_MAX_DEVICES
                             : !strcmp(a, "--chunks") ? GP_MAX_CHUNKS : 4096;
-                const char *what = !strcmp(a, "--devices") ? "the most devices a pipeline has"
+                const char *what = !strcmp(a, "--devices") || !strcmp(a, "--plan")
+                                       ? "the most devices a run has"
                                    : !strcmp(a, "--chunks") ? "the most micro-batches a step has"
+                                   : !strcmp(a, "--top")    ? "the most layouts listed"
                                                             : "the most timed runs per measurement";
                 errno = 0;
                 long x = strtol(v, &end, 10);
@@ -454,6 +547,8 @@ int main(int argc, char **argv)
                 }
                 if (!strcmp(a, "--devices")) devices = (int)x;
                 else if (!strcmp(a, "--chunks")) chunks = (int)x;
+                else if (!strcmp(a, "--plan")) plan = (int)x;
+                else if (!strcmp(a, "--top")) top = (int)x;
                 else reps = (int)x;
             } else if (!strcmp(a, "--by")) {
                 if (!gp_balance_by_parse(v, &by)) {
@@ -461,6 +556,22 @@ int main(int argc, char **argv)
                     free(sets);
                     return EXIT_USAGE;
                 }
+            } else if (!strcmp(a, "--gpu")) {
+                if (strcmp(v, "h100") && strcmp(v, "h200")) {
+                    fprintf(stderr, "gpipe-balance: --gpu '%s': expected h100 or h200\n", v);
+                    free(sets);
+                    return EXIT_USAGE;
+                }
+                gpu = v;
+            } else if (!strcmp(a, "--memory")) {
+                size_t b = 0;
+                if (!gp_parse_bytes(v, &b) || b < 1) {
+                    fprintf(stderr, "gpipe-balance: --memory '%s': expected a size such as "
+                            "80GB or 512MiB\n", v);
+                    free(sets);
+                    return EXIT_USAGE;
+                }
+                plan_memory = (double)b;
             } else if (!strcmp(a, "--write")) write_path = v;
             else if (!strcmp(a, "--write-schedule")) sched_out = v;
             else if (!strcmp(a, "--profile-out")) prof_out = v;
@@ -489,6 +600,19 @@ int main(int argc, char **argv)
     if (simulate && by == GP_BALANCE_BY_SIZE) {
         fprintf(stderr, "gpipe-balance: --simulate predicts step times and --by size profiles "
                 "none: drop --by size (--by both balances memory too)\n");
+        free(sets);
+        return EXIT_USAGE;
+    }
+    if ((gpu || plan_memory > 0) && !plan) {
+        fprintf(stderr, "gpipe-balance: --gpu and --memory plan a run: give --plan N (the "
+                "devices to lay out)\n");
+        free(sets);
+        return EXIT_USAGE;
+    }
+    if (plan && (simulate || devices || prof_in || prof_out || sched_out || by != GP_BALANCE_BY_TIME)) {
+        fprintf(stderr, "gpipe-balance: --plan lays out its own devices, schedule and "
+                "profile: drop --simulate, --devices, --by, --profile-in/-out and "
+                "--write-schedule\n");
         free(sets);
         return EXIT_USAGE;
     }
@@ -568,6 +692,12 @@ int main(int argc, char **argv)
             fprintf(stderr, "gpipe-balance: %s\n", e);
         free(sets);
         return gp_status_exit_code(s);
+    }
+    if (plan) {
+        int rc = run_plan(&cfg, plan, gpu, plan_memory, top, reps, write_path, !quiet && notes);
+        gp_config_free(&cfg);
+        free(sets);
+        return rc;
     }
     int n = cfg.pipeline.n_devices, m = cfg.pipeline.chunks;
     int R = gp_pipeline_replicas(&cfg.pipeline);

@@ -33,8 +33,10 @@
  * hands its gradient on (no launch).
  */
 #include "train/train.h"
+#include "balance/balance.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct {
@@ -206,4 +208,80 @@ gp_status gp_model_roofline(const gp_config *cfg, const char *gpu, FILE *f)
                 tokens / tot.seconds, 100.0 * tot.flops / (tot.seconds * g->flops[prec]));
     gp_model_free(&m);
     return GP_OK;
+}
+
+/* ---- a profile from the roofline (the planner's times on a GPU) ------------- */
+
+/* The link between two GPUs of one node (NVLink 4, one direction: 450
+ * GB/s, of which NCCL's bus bandwidth reaches about 360) and the host's
+ * (PCIe 5 x16, about 25 GB/s): the copies' and the reductions' floors. */
+#define ROOF_LINK 360e9
+#define ROOF_PCIE 25e9
+
+gp_status gp_roofline_profile(const gp_config *cfg, const char *gpu, const int64_t *sizes,
+                              int n_sizes, gp_profile *out)
+{
+    const roof_gpu *g = NULL;
+    for (size_t k = 0; k < sizeof roof_gpus / sizeof *roof_gpus; k++)
+        if (!strcmp(gpu, roof_gpus[k].name)) g = &roof_gpus[k];
+    if (!g)
+        return gp_error_set(GP_ERR_INVALID, "--gpu %s: not a GPU the estimate knows; give h100 "
+                            "or h200", gpu);
+    if (n_sizes < 1 || n_sizes > GP_PROFILE_MAX_SIZES)
+        return gp_error_set(GP_ERR_INVALID, "roofline profile: 1..%d sizes", GP_PROFILE_MAX_SIZES);
+    GP_TRY(gp_model_profile_estimate(cfg, NULL, out)); /* the memory columns */
+    int S = cfg->pipeline.n_devices * gp_model_virtual(cfg), balance[GP_MAX_DEVICES];
+    for (int j = 0; j < S; j++) balance[j] = j == 0 ? cfg->model.n_layers - (S - 1) : 1;
+    gp_model m = {0};
+    gp_status s = gp_model_build_meta(cfg, balance, &m);
+    gp_layer_times *t = s == GP_OK ? calloc((size_t)n_sizes * (size_t)m.n_layers, sizeof *t) : NULL;
+    if (s == GP_OK && !t) s = gp_error_set(GP_ERR_OOM, "out of host memory");
+    if (s != GP_OK) {
+        if (m.layers) gp_model_free(&m);
+        gp_profile_free(out);
+        return s;
+    }
+    int prec = cfg->train.precision;
+    double elt = prec == GP_PRECISION_BF16 ? 2.0 : 4.0;
+    bool mem;
+    for (int z = 0; z < n_sizes; z++) {
+        int64_t b = sizes[z];
+        for (int k = 0; k < m.n_layers; k++) {
+            roof_costs c = roof_costs_of(&m.layers[k], b, 1);
+            gp_layer_times *lt = &t[(size_t)z * (size_t)m.n_layers + (size_t)k];
+            lt->fwd = roof_launch(g, prec, c.f, (c.in + c.out) * elt + c.np * elt, &mem);
+            lt->recompute = lt->fwd;
+            if (c.np > 0) {
+                lt->bwd_data = roof_launch(g, prec, c.fb, (c.out + c.in) * elt + c.np * elt, &mem);
+                lt->bwd_weights = roof_launch(g, prec, c.f, (c.out + c.in) * elt + c.np * 8.0, &mem);
+            } else {
+                lt->bwd_data = roof_launch(g, prec, c.fb, (2 * c.out + 2 * c.in) * elt, &mem);
+            }
+            lt->bwd_alone = lt->bwd_weights;
+            lt->copy = c.out * elt / ROOF_LINK;
+        }
+        /* the loss: the logits read, their gradient written (a pass each) */
+        roof_costs last = roof_costs_of(&m.layers[m.n_layers - 1], b, 1);
+        out->loss[z] = 3.0 * last.out * 4.0 / g->bw;
+        out->upload[z] = (double)b * (double)(cfg->model.input[0] * cfg->model.input[1] *
+                                              cfg->model.input[2]) * 4.0 / ROOF_PCIE;
+        out->sizes[z] = b;
+    }
+    for (int k = 0; k < m.n_layers; k++) /* the update's time: the update launch's share */
+        out->mem[k].update = (double)gp_model_layer_params(&m.layers[k]) * 4.0 *
+                             (prec == GP_PRECISION_BF16 ? 7.5 : 7.0) / g->bw;
+    gp_model_free(&m);
+    free(out->t);
+    out->t = t;
+    out->n_sizes = n_sizes;
+    out->timed = true;
+    snprintf(out->device, sizeof out->device, "%s", g->name);
+    return GP_OK;
+}
+
+double gp_roofline_peak(const char *gpu, int precision)
+{
+    for (size_t k = 0; k < sizeof roof_gpus / sizeof *roof_gpus; k++)
+        if (!strcmp(gpu, roof_gpus[k].name)) return roof_gpus[k].flops[precision];
+    return 0;
 }

@@ -482,5 +482,60 @@ gp_status gp_model_summary(const gp_config *cfg, FILE *f);
  * bandwidth), and the step's (roofline.c says what is counted).  From the
  * shapes alone: no device opened.  GP_ERR_INVALID names an unknown gpu. */
 gp_status gp_model_roofline(const gp_config *cfg, const char *gpu, FILE *f);
+/* ---- the planner (plan.c; gpipe-balance --plan) ---------------------------- */
+
+/* One layout of N devices: R replicas of a pipeline of `devices`. */
+typedef struct gp_layout {
+    int devices;              /* n: a pipeline's devices */
+    int replicas;             /* R = N / n */
+    gp_schedule_kind schedule;
+    int virtual_stages;       /* stages a device (interleaved and zb-v 2) */
+    int m;                    /* micro-batches of a replica's batch */
+    gp_checkpoint_mode checkpoint;
+    int balance[GP_MAX_DEVICES]; /* layers per stage (devices x virtual) */
+    double step;              /* predicted seconds a step, the reduction included */
+    double reduce;            /* of it, the replicas' gradient reduction */
+    double bubble;            /* the pipeline's idle share (simulated) */
+    double samples_per_s;     /* train.batch_size / step */
+    double mfu;               /* model FLOPs / (N x the GPU's peak x step); NAN on CPUs */
+    double peak;              /* the largest device's peak bytes */
+} gp_layout;
+
+typedef struct gp_plan_request {
+    int devices;              /* N */
+    const char *gpu;          /* "h100" or "h200" (the roofline's times), or
+                                 NULL: N CPU devices of this machine (profiled) */
+    double memory;            /* bytes a device holds (0: pipeline.memory, else
+                                 unlimited on CPUs, the GPU's own 80 / 141 GB) */
+    int threads;              /* CPU devices' math threads (0: 1) */
+    int reps;                 /* the profile's timed runs (CPU; 0: 3) */
+    bool say;                 /* progress while profiling */
+} gp_plan_request;
+
+typedef struct gp_plan_result {
+    gp_layout *layouts;       /* the ones that fit, fastest first (owned) */
+    int n_layouts;
+    int considered;           /* every (n, schedule, m, checkpoint) tried */
+    int no_batch;             /* fewer samples than replicas x micro-batches */
+    int no_schedule;          /* more stages than layers, interleaved's m */
+    int no_memory;            /* no split within the devices' memory */
+    double capacity;          /* the memory planned for (0: unlimited) */
+} gp_plan_result;
+
+/* Every layout of rq->devices devices for cfg's model and batch, planned,
+ * simulated and ranked (plan.c says how).  GP_OK with n_layouts 0 where
+ * none fits (the counts say why). */
+gp_status gp_plan_layouts(const gp_config *cfg, const gp_plan_request *rq, gp_plan_result *out);
+void gp_plan_result_free(gp_plan_result *r);
+
+/* A profile of cfg's model on one GPU of kind `gpu` from the same
+ * roofline: each layer's forward, backward halves and copy at each of the
+ * micro-batch sizes (ascending), its memory columns from its shapes
+ * (gp_model_profile_estimate): what the planner simulates a GPU run with
+ * (gp_plan_layouts).  A floor, as the roofline is. */
+gp_status gp_roofline_profile(const gp_config *cfg, const char *gpu, const int64_t *sizes,
+                              int n_sizes, struct gp_profile *out);
+/* The GPU's peak FLOP/s at a precision (0: not a GPU the roofline knows). */
+double gp_roofline_peak(const char *gpu, int precision);
 
 #endif /* GP_TRAIN_H */

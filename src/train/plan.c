@@ -1,0 +1,271 @@
+/*
+ * plan.c — one planner over a run's layout (issue 79, item 3): given a
+ * model, N devices of a kind and their memory, the layouts of stages x
+ * replicas, schedule, micro-batches and checkpointing that fit, ranked by
+ * predicted throughput (gpipe-balance --plan).
+ *
+ * For each n dividing N (a pipeline of n devices, R = N / n replicas of
+ * it, each with train.batch_size / R samples), each schedule (gpipe, 1f1b,
+ * zb-h1, interleaved with 2 stages a device, zb-v), m in 1, 2, 4, .. 64
+ * and each checkpoint mode: the split gp_balance_plan makes within the
+ * devices' memory, then gp_simulate_schedule's step, bubble and device
+ * peaks (free-running, the optimizer's state split over the R replicas:
+ * ZeRO stage 1), and the replicas' reduction added: the gradients of the
+ * device that holds the most, reduce-scattered and all-gathered, 2 (R -
+ * 1) / R of their bytes over the link (a GPU's NVLink, 360 GB/s; CPU
+ * devices: this machine's copy bandwidth, measured once).
+ *
+ * Times: on CPU devices the profile of this machine (every micro-batch
+ * size a layout needs, at most 16, the rest interpolated), with the other
+ * N - 1 devices loaded as a run loads them; on GPUs the roofline's floor
+ * (gp_roofline_profile), so a GPU plan ranks layouts by what their
+ * kernels could reach, not what they measure.  Memory: every layer's bytes
+ * from its shapes (gp_profile_estimate), as the check before a run's first
+ * step counts them.
+ */
+#include "train/train.h"
+#include "balance/balance.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { MAX_M = 64 };
+
+static const gp_schedule_kind k_plan_kinds[] = {GP_SCHEDULE_GPIPE, GP_SCHEDULE_1F1B,
+                                                GP_SCHEDULE_ZB_H1, GP_SCHEDULE_INTERLEAVED,
+                                                GP_SCHEDULE_ZB_V};
+
+/* This machine's copy bandwidth (bytes/s): 64 MiB copied twice, the
+ * faster taken. */
+static double host_copy_bw(void)
+{
+    size_t n = (size_t)64 << 20;
+    char *a = malloc(n), *b = malloc(n);
+    double best = 0;
+    if (a && b) {
+        memset(a, 1, n);
+        memset(b, 2, n);
+        for (int r = 0; r < 2; r++) {
+            double t0 = gp_now();
+            memcpy(b, a, n);
+            double t = gp_now() - t0;
+            if (t > 0 && (double)n / t > best) best = (double)n / t;
+        }
+    }
+    free(a);
+    free(b);
+    return best > 0 ? best : 5e9;
+}
+
+/* The micro-batch sizes the layouts need: ceil and floor of B_R / m for
+ * each replica count R dividing N and each m, ascending, at most 16 (the
+ * largest spread kept; the profile interpolates between them). */
+static int plan_sizes(int64_t B, int N, int L, int64_t *sizes)
+{
+    int64_t all[512];
+    int na = 0;
+    for (int n = 1; n <= N && n <= L; n++) {
+        if (N % n) continue;
+        int R = N / n;
+        int64_t br = (B + R - 1) / R;
+        for (int m = 1; m <= MAX_M && (int64_t)m * R <= B; m *= 2) {
+            int64_t lo = br / m, hi = (br + m - 1) / m;
+            if (na < 510) all[na++] = lo > 0 ? lo : 1;
+            if (na < 510) all[na++] = hi;
+        }
+    }
+    /* unique, ascending */
+    for (int a = 1; a < na; a++)
+        for (int b = a; b > 0 && all[b - 1] > all[b]; b--) {
+            int64_t t = all[b];
+            all[b] = all[b - 1];
+            all[b - 1] = t;
+        }
+    int nu = 0;
+    for (int a = 0; a < na; a++)
+        if (nu == 0 || all[a] != all[nu - 1]) all[nu++] = all[a];
+    if (nu <= GP_PROFILE_MAX_SIZES) {
+        memcpy(sizes, all, (size_t)nu * sizeof *sizes);
+        return nu;
+    }
+    for (int z = 0; z < GP_PROFILE_MAX_SIZES; z++) /* spread over the range */
+        sizes[z] = all[(size_t)z * (size_t)(nu - 1) / (GP_PROFILE_MAX_SIZES - 1)];
+    return GP_PROFILE_MAX_SIZES;
+}
+
+/* The gradient bytes of the pipeline device holding the most parameters
+ * under `balance` (S stages on n devices, dev_of). */
+static double most_grad_bytes(const gp_profile *p, const gp_schedule_kind kind, int n, int v,
+                              const int *balance)
+{
+    double dev[GP_MAX_DEVICES] = {0}, most = 0;
+    for (int j = 0, f = 0; j < n * v; f += balance[j++])
+        for (int k = f; k < f + balance[j]; k++)
+            dev[gp_schedule_device_of(kind, n, j)] += (double)p->mem[k].grad_bytes;
+    for (int d = 0; d < n; d++) most = fmax(most, dev[d]);
+    return most;
+}
+
+/* One candidate layout planned and simulated into *lt; false (with the
+ * reason counted) where it does not fit or cannot be made. */
+static bool plan_one(const gp_profile *base, int64_t B, int N, int n, gp_schedule_kind kind,
+                     int m, gp_checkpoint_mode ck, double capacity, double link_bw,
+                     gp_plan_result *res, gp_layout *lt)
+{
+    int R = N / n, v = gp_schedule_stages_per_device(kind, 2), S = n * v;
+    gp_profile p = *base; /* (a shallow copy: the replica's batch and state split) */
+    p.batch = (B + R - 1) / R;
+    p.optim_shards = R;
+    gp_plan_opts po;
+    memset(&po, 0, sizeof po);
+    po.n = S;
+    po.m = m;
+    po.checkpoint = ck;
+    po.by = GP_BALANCE_BY_TIME;
+    bool several = v > 1;
+    po.schedule = several ? GP_SCHEDULE_1F1B : kind; /* (as gp_model_plan_opts) */
+    po.virtual_stages = v;
+    po.v_shape = gp_schedule_v_shape(kind);
+    po.sim_kind = several ? kind : GP_SCHEDULE_INTERLEAVED;
+    po.lockstep = false;
+    /* the split by time alone, its memory checked after: the memory-bound
+     * split walks a stage's schedule for every (stage, first, count), too
+     * slow over hundreds of layouts of a large model (a layout that fits
+     * only with a memory-bound split is missed: gpipe-balance --simulate
+     * with its devices finds it) */
+    for (int j = 0; j < S; j++) po.capacity[j] = 0;
+    int bal[GP_MAX_DEVICES];
+    if (gp_balance_plan(&p, &po, bal) != GP_OK) {
+        gp_error_clear();
+        res->no_memory++;
+        return false;
+    }
+    double cap[GP_MAX_DEVICES];
+    for (int d = 0; d < n; d++) cap[d] = capacity;
+    gp_sim_result sim;
+    if (gp_simulate_schedule(&p, kind, n, v, bal, m, ck, false, capacity > 0 ? cap : NULL,
+                             &sim) != GP_OK) {
+        gp_error_clear();
+        res->no_schedule++;
+        return false;
+    }
+    if (!sim.fits) {
+        res->no_memory++;
+        return false;
+    }
+    memset(lt, 0, sizeof *lt);
+    lt->devices = n;
+    lt->replicas = R;
+    lt->schedule = kind;
+    lt->virtual_stages = v;
+    lt->m = m;
+    lt->checkpoint = ck;
+    memcpy(lt->balance, bal, (size_t)S * sizeof *bal);
+    lt->reduce = R > 1 ? 2.0 * (R - 1) / R * most_grad_bytes(&p, kind, n, v, bal) / link_bw : 0;
+    lt->step = sim.step + lt->reduce;
+    lt->bubble = sim.bubble;
+    lt->samples_per_s = (double)B / lt->step;
+    lt->peak = gp_sim_peak(&sim);
+    return true;
+}
+
+static int by_throughput(const void *a, const void *b)
+{
+    double x = ((const gp_layout *)a)->samples_per_s, y = ((const gp_layout *)b)->samples_per_s;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+gp_status gp_plan_layouts(const gp_config *cfg, const gp_plan_request *rq, gp_plan_result *out)
+{
+    memset(out, 0, sizeof *out);
+    int N = rq->devices, L = cfg->model.n_layers;
+    if (N < 1 || N > GP_MAX_DEVICES)
+        return gp_error_set(GP_ERR_INVALID, "--plan %d: give 1 to %d devices", N, GP_MAX_DEVICES);
+    int64_t B = cfg->train.batch_size;
+    int64_t sizes[GP_PROFILE_MAX_SIZES];
+    int nz = plan_sizes(B, N, L, sizes);
+    if (nz < 1) return gp_error_set(GP_ERR_INVALID, "--plan: no layout has a sample a micro-batch");
+    /* the profile: this machine's CPU devices (N of them loaded, as a run
+     * of N would) or the GPU's roofline */
+    gp_profile prof;
+    gp_config c = *cfg; /* (shallow: the devices alone differ) */
+    c.pipeline.replicas = 1;
+    c.pipeline.n_balance = 0;
+    if (rq->gpu) {
+        GP_TRY(gp_roofline_profile(&c, rq->gpu, sizes, nz, &prof));
+    } else {
+        c.pipeline.n_devices = N;
+        for (int j = 0; j < N; j++) {
+            snprintf(c.pipeline.devices[j].name, sizeof c.pipeline.devices[j].name, "cpu:%d", j);
+            c.pipeline.devices[j].threads = rq->threads > 0 ? rq->threads : 1;
+            c.pipeline.devices[j].memory = 0;
+        }
+        gp_model_profile_opts mo = {.timed = true, .warmup = 1, .reps = rq->reps > 0 ? rq->reps : 3,
+                                    .n_sizes = nz, .say = rq->say};
+        mo.threads = c.pipeline.devices[0].threads;
+        memcpy(mo.sizes, sizes, (size_t)nz * sizeof *sizes);
+        GP_TRY(gp_model_profile(&c, &mo, &prof));
+        /* (measured whole: each replica's share is set per layout) */
+    }
+    prof.bf16_copies = gp_config_bf16_copies(cfg);
+    prof.act_dtype = (int)gp_config_act_dtype(cfg);
+    double capacity = rq->memory > 0 ? rq->memory : (double)cfg->pipeline.memory;
+    if (capacity <= 0 && rq->gpu) capacity = strcmp(rq->gpu, "h200") ? 80e9 : 141e9;
+    double link = rq->gpu ? 360e9 : host_copy_bw() / 3.0; /* (a reduction: ~3 passes) */
+    int cap = 0;
+    for (int n = 1; n <= N && n <= L; n++) {
+        if (N % n) continue;
+        int R = N / n;
+        for (size_t q = 0; q < sizeof k_plan_kinds / sizeof *k_plan_kinds; q++) {
+            gp_schedule_kind kind = k_plan_kinds[q];
+            int v = gp_schedule_stages_per_device(kind, 2);
+            if (n == 1 && kind != GP_SCHEDULE_GPIPE) continue; /* (one device: one order) */
+            /* (the exact V split costs L^3 n: a 355-layer model took
+             * seconds a layout; the V is planned up to 8 devices and 128
+             * layers) */
+            if (gp_schedule_v_shape(kind) && (n > 8 || L > 128)) continue;
+            for (int m = 1; m <= MAX_M; m *= 2)
+                for (int ck = 0; ck < 3; ck++) {
+                    out->considered++;
+                    if ((int64_t)m * R > B) { out->no_batch++; continue; }
+                    if (n * v > L || (kind == GP_SCHEDULE_INTERLEAVED && m % n)) {
+                        out->no_schedule++;
+                        continue;
+                    }
+                    if (out->n_layouts == cap) {
+                        int nc = cap ? 2 * cap : 64;
+                        gp_layout *nl = realloc(out->layouts, (size_t)nc * sizeof *nl);
+                        if (!nl) {
+                            gp_profile_free(&prof);
+                            gp_plan_result_free(out);
+                            return gp_error_set(GP_ERR_OOM, "out of host memory planning");
+                        }
+                        out->layouts = nl;
+                        cap = nc;
+                    }
+                    if (plan_one(&prof, B, N, n, kind, m, (gp_checkpoint_mode)ck, capacity, link,
+                                 out, &out->layouts[out->n_layouts]))
+                        out->n_layouts++;
+                }
+        }
+    }
+    /* MFU on a GPU: the step's FLOPs (3 x the forward's) over N x peak */
+    double flops = 0;
+    for (int k = 0; k < prof.L; k++) flops += prof.mem[k].flops_per_sample;
+    double peak = rq->gpu ? gp_roofline_peak(rq->gpu, cfg->train.precision) : 0;
+    for (int i = 0; i < out->n_layouts; i++) {
+        gp_layout *lt = &out->layouts[i];
+        lt->mfu = peak > 0 ? 3.0 * flops * (double)B / (lt->step * N * peak) : NAN;
+    }
+    qsort(out->layouts, (size_t)out->n_layouts, sizeof *out->layouts, by_throughput);
+    out->capacity = capacity;
+    gp_profile_free(&prof);
+    return GP_OK;
+}
+
+void gp_plan_result_free(gp_plan_result *r)
+{
+    free(r->layouts);
+    memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,119 @@
+#!/usr/bin/python3
+"""test_plan.py — gpipe-balance --plan (issue 79, item 3): every layout of N
+devices, ranked by predicted throughput.
+
+  - GPUs from the roofline (configs/gpt2.yaml on 8 H100s, no GPU needed):
+    layouts listed fastest first, each within the devices' memory and its
+    stages x replicas exactly the 8 devices; the counts of what was ruled
+    out add up; with half the memory fewer fit, with 1 MiB none (exit 2,
+    saying so);
+  - CPU devices of this machine (configs/default.yaml on 2, profiled):
+    the best layout is written as a config (--write) that loads and trains
+    two steps;
+  - a replica count that splits the optimizer's state holds less of it a
+    device: the ZeRO stage 1 accounting in the plan;
+  - --gpu or --memory without --plan, and --plan with --simulate, are
+    refused (exit 2).
+
+Needs GPIPE_BINARY_DIR (set by CTest) and GPIPE_SOURCE_DIR.  Prints
+"test_plan: N passed, N failed" last.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from gpt_util import check, finish
+
+SRC = os.environ.get("GPIPE_SOURCE_DIR",
+                     os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BINDIR = os.environ.get("GPIPE_BINARY_DIR", os.path.join(SRC, "build"))
+UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def run(tool, args, cwd):
+    r = subprocess.run([os.path.join(BINDIR, tool)] + args, cwd=cwd, capture_output=True,
+                       text=True, errors="replace", timeout=900, stdin=subprocess.DEVNULL,
+                       env=dict(os.environ, GPIPE_PROFILE_CACHE="off"))
+    return r.returncode, r.stdout + r.stderr
+
+
+def layouts(out):
+    """(n, R, schedule, m, checkpoint, step ms, per second, peak bytes) rows."""
+    rows = []
+    for m in re.finditer(r"^\s+\d+\s+(\d+)x(\d+)\s+(\S+)\s+(\d+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)"
+                         r"\s+(\d+)\s+\S+\s+([\d.]+) (\w+)$", out, re.M):
+        rows.append((int(m.group(1)), int(m.group(2)), m.group(3), int(m.group(4)), m.group(5),
+                     float(m.group(6)), float(m.group(8)), float(m.group(9)) * UNITS[m.group(10)]))
+    return rows
+
+
+def counts(out):
+    h = re.search(r"(\d+) considered, (\d+) fit", out)
+    r = re.search(r"ruled out: (\d+) with .*?, (\d+) that .*?, (\d+) over", out)
+    return (tuple(int(x) for x in h.groups()) if h else None,
+            tuple(int(x) for x in r.groups()) if r else None)
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="gpipe_plan_")
+    gpt2 = os.path.join(SRC, "configs", "gpt2.yaml")
+    try:
+        rc, out = run("gpipe-balance", [gpt2, "--plan", "8", "--gpu", "h100", "--top", "400"], tmp)
+        rows = layouts(out)
+        head, ruled = counts(out)
+        check(rc == 0 and len(rows) >= 5, "gpt2 on 8 H100s: exit %d, %d layouts: %s"
+              % (rc, len(rows), out[-800:]))
+        check(all(n * r == 8 for n, r, *_ in rows), "every layout uses the 8 devices")
+        check(all(a[6] >= b[6] for a, b in zip(rows, rows[1:])), "fastest first")
+        check(all(p <= 80e9 for *_, p in rows), "every layout within 80 GB a device")
+        check(head is not None and ruled is not None and head[0] == head[1] + sum(ruled),
+              "the considered are the fitting and the ruled out: %s %s" % (head, ruled))
+        # half the memory: fewer fit; 1 MiB: none
+        rc2, out2 = run("gpipe-balance", [gpt2, "--plan", "8", "--gpu", "h100", "--memory",
+                                          "2GiB"], tmp)
+        h2, r2 = counts(out2)
+        check(rc2 == 0 and h2 is not None and h2[1] < head[1] and r2[2] > ruled[2] and
+              all(p <= 2 * 2**30 for *_, p in layouts(out2)),
+              "2 GiB a device: exit %d, %s fit of %s (%s over memory): %s"
+              % (rc2, h2 and h2[1], head[1], r2 and r2[2], out2[-500:]))
+        rc3, out3 = run("gpipe-balance", [gpt2, "--plan", "8", "--gpu", "h100", "--memory",
+                                          "1MiB"], tmp)
+        check(rc3 == 2 and "no layout fits" in out3, "1 MiB a device: exit %d: %s"
+              % (rc3, out3[-400:]))
+        # ZeRO stage 1 in the plan: the same pipeline, more replicas, less a device
+        one = [x for x in rows if x[1] == 1 and x[2] == "gpipe" and x[3] == 8 and x[4] == "never"]
+        rep = [x for x in layouts(run("gpipe-balance",
+                                      [gpt2, "--plan", "16", "--gpu", "h100", "--top", "400"],
+                                      tmp)[1])
+               if x[0] == 8 and x[1] == 2 and x[2] == "gpipe" and x[3] == 8 and x[4] == "never"]
+        check(one and rep and rep[0][7] < one[0][7],
+              "8 stages x 2 replicas hold less a device than x 1 (the optimizer's state split): "
+              "%s %s" % (one[:1], rep[:1]))
+        # CPU devices: the best layout written, loaded and trained
+        best = os.path.join(tmp, "best.yaml")
+        cfg = os.path.join(SRC, "configs", "default.yaml")
+        rc, out = run("gpipe-balance", [cfg, "--plan", "2", "--reps", "1", "-q", "--write", best,
+                                        "--set", "data.dataset=synthetic"], tmp)
+        check(rc == 0 and os.path.exists(best) and layouts(out), "CPU plan: exit %d: %s"
+              % (rc, out[-600:]))
+        if rc == 0 and os.path.exists(best):
+            rc, tout = run("gpipe-train", [best, "-q", "--set", "train.steps=2",
+                                           "--set", "data.dataset=synthetic"], tmp)
+            check(rc == 0, "the written best layout trains: exit %d: %s" % (rc, tout[-600:]))
+        # refused combinations
+        for args, want in ((["--gpu", "h100"], "give --plan N"),
+                           (["--memory", "1GiB"], "give --plan N"),
+                           (["--plan", "2", "--simulate"], "drop --simulate"),
+                           (["--plan", "2", "--gpu", "a100"], "expected h100 or h200")):
+            rc, out = run("gpipe-balance", [cfg] + args, tmp)
+            check(rc == 2 and want in out, "%s: exit %d: %s" % (args, rc, out[-300:]))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return finish("test_plan")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
