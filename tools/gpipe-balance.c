@@ -532,8 +532,8 @@ int main(int argc, char **argv)
                  * timed runs (more would take hours for nothing) */
                 long most = !strcmp(a, "--devices") || !strcmp(a, "--plan") ? GP_MAX_DEVICES
                             : !strcmp(a, "--chunks") ? GP_MAX_CHUNKS : 4096;
-                const char *what = !strcmp(a, "--devices") || !strcmp(a, "--plan")
-                                       ? "the most devices a run has"
+                const char *what = !strcmp(a, "--devices") ? "the most devices a pipeline has"
+                                   : !strcmp(a, "--plan")      ? "the most devices a run has"
                                    : !strcmp(a, "--chunks") ? "the most micro-batches a step has"
                                    : !strcmp(a, "--top")    ? "the most layouts listed"
                                                             : "the most timed runs per measurement";
