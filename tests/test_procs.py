@@ -146,6 +146,13 @@ def bf16_native():
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def same_steps(path, want, what):
+    """The 8 resumed steps of the metrics file at path are want's records."""
+    got = [r for r in records(path) if "loss" in r]
+    check(len(got) == 8 and all(want.get(r["step"]) == r for r in got),
+          "%s: resumed steps differ: %s / %s" % (what, got[:1], [want.get(r["step"]) for r in got[:1]]))
+
+
 def records(path):
     """Each metrics line's numbers as text (bit-for-bit comparison)."""
     out = []
@@ -466,10 +473,7 @@ def snapshots(tmp):
     rc, out = run([BIN, cfg, "--quiet", "--resume", "latest", "--metrics", part] + sets)
     check(rc == 0, "snapshots with replicas, resumed in one process: " + out[-500:])
     if rc == 0:
-        got = [r for r in records(part) if "loss" in r]
-        check(len(got) == 8 and all(want2.get(r["step"]) == r for r in got),
-              "snapshots with replicas 4 -> 1 processes: resumed steps differ: %s / %s"
-              % (got[:1], [want2.get(r["step"]) for r in got[:1]]))
+        same_steps(part, want2, "snapshots with replicas 4 -> 1 processes")
     # and resumed under mpirun again: each replica's rank loads its own chunk
     # of the optimizer's state (ZeRO stage 1) from the whole in the file
     part4 = os.path.join(tmp, "part-rep4.jsonl")
@@ -477,10 +481,7 @@ def snapshots(tmp):
                          "--metrics", part4, "--set", "train.snapshot.every_steps=0"] + rep)
     check(rc == 0, "snapshots with replicas, resumed in 4 processes: " + out[-500:])
     if rc == 0:
-        got = [r for r in records(part4) if "loss" in r]
-        check(len(got) == 8 and all(want2.get(r["step"]) == r for r in got),
-              "snapshots with replicas 4 -> 4 processes: resumed steps differ: %s / %s"
-              % (got[:1], [want2.get(r["step"]) for r in got[:1]]))
+        same_steps(part4, want2, "snapshots with replicas 4 -> 4 processes")
     # A run killed between the parts and the file that makes the snapshot:
     # parts without it are no snapshot; --resume latest takes the one before,
     # and the run that takes the directory removes the orphans.

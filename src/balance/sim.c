@@ -82,6 +82,18 @@ static stored_mem stored(const gp_profile *p, int k)
     return s;
 }
 
+/* What layers [first, first + count) hold whatever runs: parameters,
+ * gradients and their share of the optimizer's state (ZeRO stage 1: 1 /
+ * optim_shards of it). */
+static double stage_static_bytes(const gp_profile *p, int first, int count)
+{
+    double shards = p->optim_shards > 1 ? p->optim_shards : 1, b = 0;
+    for (int k = first; k < first + count; k++)
+        b += (double)(p->mem[k].param_bytes + p->mem[k].grad_bytes) +
+             (double)p->mem[k].optim_bytes / shards;
+    return b;
+}
+
 double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const int64_t *sizes,
                            int j, int first, int count)
 {
@@ -94,10 +106,8 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
     int n = sched->stages, last = first + count - 1;
     int d = sched->dev_of[j]; /* interleaved, zb-v: the device's list holds other stages too */
     const gp_layer_mem *mm = p->mem;
-    double stat = 0, ws = 0, keep = 0, in_max = 0, ck_max = 0;
-    double shards = p->optim_shards > 1 ? p->optim_shards : 1; /* (ZeRO stage 1) */
+    double stat = stage_static_bytes(p, first, count), ws = 0, keep = 0, in_max = 0, ck_max = 0;
     for (int k = first; k <= last; k++) {
-        stat += (double)(mm[k].param_bytes + mm[k].grad_bytes) + (double)mm[k].optim_bytes / shards;
         if ((double)mm[k].workspace_bytes > ws) ws = (double)mm[k].workspace_bytes;
         /* a stage's first layer runs out of place: its input is the stage's */
         stored_mem sk = stored(p, k);
@@ -570,12 +580,8 @@ static gp_status sim_peaks(const gp_profile *p, const gp_schedule *sc, const int
      * high where stages share a device; this bound does not) */
     if (floor_) {
         double stat[GP_MAX_DEVICES], sum[GP_MAX_DEVICES] = {0};
-        double shards = p->optim_shards > 1 ? p->optim_shards : 1;
         for (int j = 0; j < sc->stages; j++) {
-            stat[j] = 0;
-            for (int k = first[j]; k < first[j] + balance[j]; k++)
-                stat[j] += (double)(p->mem[k].param_bytes + p->mem[k].grad_bytes) +
-                           (double)p->mem[k].optim_bytes / shards;
+            stat[j] = stage_static_bytes(p, first[j], balance[j]);
             sum[sc->dev_of[j]] += stat[j];
         }
         for (int d = 0; d < sc->n; d++) floor_[d] = 0;

@@ -109,32 +109,32 @@ static double most_grad_bytes(const gp_profile *p, const gp_schedule_kind kind, 
 
 /* One candidate layout planned and simulated into *lt; false (with the
  * reason counted) where it does not fit or cannot be made. */
-static bool plan_one(const gp_profile *base, int64_t B, int N, int n, gp_schedule_kind kind,
-                     int m, gp_checkpoint_mode ck, double capacity, double link_bw,
-                     gp_plan_result *res, gp_layout *lt)
+static bool plan_one(const gp_config *cfg, const gp_profile *base, int N, int n,
+                     gp_schedule_kind kind, int m, gp_checkpoint_mode ck, double capacity,
+                     double link_bw, gp_plan_result *res, gp_layout *lt)
 {
+    int64_t B = cfg->train.batch_size;
     int R = N / n, v = gp_schedule_stages_per_device(kind, 2), S = n * v;
     gp_profile p = *base; /* (a shallow copy: the replica's batch and state split) */
     p.batch = (B + R - 1) / R;
     p.optim_shards = R;
-    gp_plan_opts po;
-    memset(&po, 0, sizeof po);
-    po.n = S;
-    po.m = m;
-    po.checkpoint = ck;
-    po.by = GP_BALANCE_BY_TIME;
-    bool several = v > 1;
-    po.schedule = several ? GP_SCHEDULE_1F1B : kind; /* (as gp_model_plan_opts) */
-    po.virtual_stages = v;
-    po.v_shape = gp_schedule_v_shape(kind);
-    po.sim_kind = several ? kind : GP_SCHEDULE_INTERLEAVED;
-    po.lockstep = false;
-    /* the split by time alone, its memory checked after: the memory-bound
+    /* the plan's options as a run of this layout takes them, free-running,
+     * split by time alone and its memory checked after: the memory-bound
      * split walks a stage's schedule for every (stage, first, count), too
      * slow over hundreds of layouts of a large model (a layout that fits
      * only with a memory-bound split is missed: gpipe-balance --simulate
      * with its devices finds it) */
-    for (int j = 0; j < S; j++) po.capacity[j] = 0;
+    gp_config c = *cfg; /* (shallow: the pipeline's numbers alone differ) */
+    gp_pipeline_config *pc = &c.pipeline;
+    pc->n_devices = n;
+    pc->schedule = kind;
+    pc->chunks = m;
+    pc->checkpoint = ck;
+    pc->lockstep = false;
+    pc->memory = 0;
+    for (int d = 0; d < n; d++) pc->devices[d].memory = 0;
+    gp_plan_opts po;
+    gp_model_plan_opts(&c, S, &po);
     int bal[GP_MAX_DEVICES];
     if (gp_balance_plan(&p, &po, bal) != GP_OK) {
         gp_error_clear();
@@ -244,8 +244,8 @@ gp_status gp_plan_layouts(const gp_config *cfg, const gp_plan_request *rq, gp_pl
                         out->layouts = nl;
                         cap = nc;
                     }
-                    if (plan_one(&prof, B, N, n, kind, m, (gp_checkpoint_mode)ck, capacity, link,
-                                 out, &out->layouts[out->n_layouts]))
+                    if (plan_one(cfg, &prof, N, n, kind, m, (gp_checkpoint_mode)ck, capacity,
+                                 link, out, &out->layouts[out->n_layouts]))
                         out->n_layouts++;
                 }
         }

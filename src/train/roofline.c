@@ -50,6 +50,14 @@ static const roof_gpu roof_gpus[] = {
     {"h200", {67e12, 494e12, 989e12}, 4.8e12},
 };
 
+/* The GPU named `gpu`, NULL if the roofline knows none. */
+static const roof_gpu *roof_gpu_of(const char *gpu)
+{
+    for (size_t k = 0; k < sizeof roof_gpus / sizeof *roof_gpus; k++)
+        if (!strcmp(gpu, roof_gpus[k].name)) return &roof_gpus[k];
+    return NULL;
+}
+
 /* The per-type sums. */
 typedef struct {
     int type;
@@ -146,9 +154,7 @@ static void roof_layer(const roof_gpu *g, int prec, const gp_layer *ls, int firs
 
 gp_status gp_model_roofline(const gp_config *cfg, const char *gpu, FILE *f)
 {
-    const roof_gpu *g = NULL;
-    for (size_t k = 0; k < sizeof roof_gpus / sizeof *roof_gpus; k++)
-        if (!strcmp(gpu, roof_gpus[k].name)) g = &roof_gpus[k];
+    const roof_gpu *g = roof_gpu_of(gpu);
     if (!g)
         return gp_error_set(GP_ERR_INVALID, "--gpu %s: not a GPU the estimate knows; give h100 "
                             "or h200", gpu);
@@ -221,9 +227,7 @@ gp_status gp_model_roofline(const gp_config *cfg, const char *gpu, FILE *f)
 gp_status gp_roofline_profile(const gp_config *cfg, const char *gpu, const int64_t *sizes,
                               int n_sizes, gp_profile *out)
 {
-    const roof_gpu *g = NULL;
-    for (size_t k = 0; k < sizeof roof_gpus / sizeof *roof_gpus; k++)
-        if (!strcmp(gpu, roof_gpus[k].name)) g = &roof_gpus[k];
+    const roof_gpu *g = roof_gpu_of(gpu);
     if (!g)
         return gp_error_set(GP_ERR_INVALID, "--gpu %s: not a GPU the estimate knows; give h100 "
                             "or h200", gpu);
@@ -281,7 +285,6 @@ gp_status gp_roofline_profile(const gp_config *cfg, const char *gpu, const int64
 
 double gp_roofline_peak(const char *gpu, int precision)
 {
-    for (size_t k = 0; k < sizeof roof_gpus / sizeof *roof_gpus; k++)
-        if (!strcmp(gpu, roof_gpus[k].name)) return roof_gpus[k].flops[precision];
-    return 0;
+    const roof_gpu *g = roof_gpu_of(gpu);
+    return g ? g->flops[precision] : 0;
 }
