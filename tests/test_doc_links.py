@@ -6,7 +6,10 @@ page, by GitHub's rule for heading anchors (lower case, punctuation but
 hyphens and underscores dropped, spaces to hyphens, repeats numbered -1,
 -2, ...).  Links to the web (http, https, mailto) are not fetched: CI has
 no network.  Links inside code spans and fenced code blocks are not links.  And
-CHANGELOG.md's newest version is the one gpipe-train --version prints.
+CHANGELOG.md's newest version is the one gpipe-train --version prints.  And
+README.md stays a front door: at most 350 lines, opening with its two
+commands (train the default config; run the test suite) byte for byte as
+they were when the README became one (issue 80's bar).
 
 Needs GPIPE_SOURCE_DIR (set by CTest), else the tree this file is in.
 Prints "test_doc_links: N passed, N failed" last.
@@ -68,6 +71,27 @@ def links(path):
             yield no, t
 
 
+# README.md's opening: its title and the two commands, unchanged.
+README_OPENING = (
+    "# gpipe\n"
+    "\n"
+    "```sh\n"
+    "scripts/install-deps.sh && make train   # installs what is missing (Debian), builds Release, trains configs/default.yaml\n"
+    "scripts/install-deps.sh && make test    # builds and runs the whole test suite (ctest)\n"
+    "```\n")
+README_MAX_LINES = 350
+
+
+def readme_front():
+    """README.md is at most README_MAX_LINES lines and opens with the two commands."""
+    text = open(os.path.join(SRC, "README.md"), encoding="utf-8").read()
+    lines = text.count("\n") + (0 if text.endswith("\n") else 1)
+    check(lines <= README_MAX_LINES, "README.md has %d lines, more than %d: move the detail "
+          "into a guide under docs/" % (lines, README_MAX_LINES))
+    check(text.startswith(README_OPENING), "README.md no longer opens with its two commands "
+          "as they were:\n%s" % README_OPENING)
+
+
 def main():
     pages = [os.path.join(SRC, "README.md")] + sorted(glob.glob(os.path.join(SRC, "docs", "*.md")))
     cache = {}
@@ -90,6 +114,7 @@ def main():
             check(ok, "%s:%d: the link '%s' does not resolve: %s" % (rel, no, target, why))
     check(total > 20, "only %d links found in README.md and docs/: is the parser right?" % total)
     changelog_version()
+    readme_front()
     return finish("test_doc_links")
 
 
