@@ -1,11 +1,14 @@
 # A thin wrapper over CMake; every target installs missing packages first.
 #   make train      build Release and train configs/default.yaml
 #   make train-gpt  tokenize Debian's licence texts (data/licenses/) and train
-#                   configs/tiny-gpt.yaml on them (README, "Transformers")
+#                   configs/tiny-gpt.yaml on them (docs/language-models.md)
 #   make tokens     only tokenize them (what configs/tiny-gpt.yaml and
 #                   configs/llama-tiny.yaml read)
 #   make test       build and run the whole test suite (ctest)
 #   make build      just build (build/)
+#   make install    build, then install the tools, their man pages, gpipe.h,
+#                   libgpipe.a, gpipe.pc and the CMake package under PREFIX
+#                   (default /usr/local; PREFIX=$HOME/.local for one user)
 #   make bench      build and run the benchmarks (bench/README.md)
 # Paths from this file's folder (relative as make was given it: "." from
 # the checkout, so a checkout whose path has blanks builds there), so that
@@ -16,8 +19,9 @@ BUILD ?= $(ROOT)/build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 CONFIG ?= $(ROOT)/configs/default.yaml
+PREFIX ?= /usr/local
 
-.PHONY: all deps build train train-gpt tokens test bench clean
+.PHONY: all deps build train train-gpt tokens test bench install clean
 all: build
 
 deps:
@@ -58,6 +62,9 @@ test: build
 
 bench: build
 	"$(BUILD)/bench_step"
+
+install: build
+	cmake --install "$(BUILD)" --prefix "$(PREFIX)"
 
 clean:
 	rm -rf "$(BUILD)"
