@@ -42,11 +42,13 @@ def strip_code(text):
 def anchors(path):
     """GitHub's anchors of the headings of a Markdown file."""
     seen, out = {}, set()
-    for line in strip_code(open(path, encoding="utf-8").read()):
-        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
-        if not m:
+    raw = open(path, encoding="utf-8").read().split("\n")
+    for line, kept in zip(raw, strip_code("\n".join(raw))):
+        if not re.match(r"^#{1,6}\s", kept):   # not a heading, or inside a fence
             continue
-        slug = re.sub(r"[^\w\- ]", "", m.group(1).lower().strip()).replace(" ", "-")
+        m = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        # a code span in a heading keeps its text (GitHub drops only the backticks)
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).replace("`", "").lower().strip()).replace(" ", "-")
         n = seen.get(slug, 0)
         seen[slug] = n + 1
         out.add(slug if n == 0 else "%s-%d" % (slug, n))
