@@ -88,6 +88,9 @@ static void usage(FILE *f)
           "  -q, --quiet        only errors\n"
           "  --version          print the version and exit\n"
           "  -h, --help         this text\n"
+          "  --help-config      every config key with its type, default, range and\n"
+          "                     meaning, from the table the parser checks against\n"
+          "                     (--help-config=markdown: as Markdown tables)\n"
           "\n"
           "processes: mpirun -np N gpipe-train CONFIG.yaml runs one device per process\n"
           "(N = pipeline.devices x pipeline.replicas; rank r runs device r mod n of\n"
@@ -357,6 +360,11 @@ int main(int argc, char **argv)
             return EXIT_OK;
         } else if (!strcmp(a, "--version")) {
             if (launched_rank() == 0) printf("gpipe-train %s\n", gp_version());
+            free(sets);
+            return EXIT_OK;
+        } else if (!strcmp(a, "--help-config") || !strcmp(a, "--help-config=markdown") ||
+                   !strcmp(a, "--help-config=text")) {
+            if (launched_rank() == 0) gp_config_help(stdout, !strcmp(a + 13, "=markdown"));
             free(sets);
             return EXIT_OK;
         } else if (!strcmp(a, "--set") || !strcmp(a, "--metrics") || !strcmp(a, "--trace") ||

@@ -299,6 +299,11 @@ gp_status gp_config_parse_with(const char *name, const char *text, size_t len,
  * section `drop` (NULL: none) left out, for a caller that writes it
  * itself (gpipe-balance --write, the pipeline section).  *out: malloc'd. */
 gp_status gp_config_text_applied(const gp_config *c, const char *drop, char **out);
+/* Every key a config may contain, with its type, default, range and
+ * meaning, printed to f from the table the parser checks keys and getters
+ * against (config_keys.c): plain text, one key per entry, or Markdown
+ * tables (gpipe-train --help-config[=markdown]). */
+void gp_config_help(FILE *f, bool markdown);
 
 const char *gp_checkpoint_mode_name(gp_checkpoint_mode m);
 /* train.activations: auto (bf16 under precision bf16 where every device

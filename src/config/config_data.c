@@ -62,6 +62,10 @@ static gp_status get_channels(const gp_cfg_walk *w, const gp_ynode *n, const cha
 static gp_status get_range(const gp_cfg_walk *w, const gp_ynode *map, const char *sect,
                            const char *key, float lo_def, float hi_def, double max, float *out)
 {
+    char row[96];
+    snprintf(row, sizeof row, "%s.%s", sect, key);
+    gp_cfg_key_agrees(row, GP_CFG_OTHER, 0, NULL, 0, max > 0 ? max : INFINITY, GP_CFG_LO_OPEN,
+                      NULL, 0);
     const gp_ynode *n = gp_ymap_get(map, key);
     out[0] = lo_def;
     out[1] = hi_def;

@@ -200,6 +200,64 @@ gp_status gp_cfg_get_bytes(gp_cfg_walk *w, const gp_ynode *m, const char *sect, 
 gp_status gp_cfg_get_map(const gp_cfg_walk *w, const gp_ynode *m, const char *sect,
                          const char *key, const char *example, const gp_ynode **out);
 
+/* ---- the keys (config_keys.c) ---------------------------------------------
+ *
+ * One table holds every key a config may contain: its type, default, range
+ * and meaning.  The unknown-key check reads its dotted paths, gpipe-train
+ * --help-config prints it, tests/test_config_keys.py holds docs/config.md
+ * to it, and every typed getter checks its call against its row
+ * (gp_cfg_key_agrees): a getter whose default, range or type differs from
+ * the row, or a key without a row, is a bug that aborts naming the key (as
+ * GP_ASSERT does), so the table cannot drift from what the parser does.  Keys inside list items are
+ * written with '#' for the index (model.layers.#.out, pipeline.devices.#.memory). */
+
+typedef enum gp_cfg_type {
+    GP_CFG_MAP = 0, /* a section or sub-map */
+    GP_CFG_INT,     /* an integer (gp_cfg_get_int, _int32, _u64) */
+    GP_CFG_NUM,     /* a number (gp_cfg_get_float, _double) */
+    GP_CFG_BOOL,
+    GP_CFG_STR,
+    GP_CFG_ENUM,    /* one of `form`'s names */
+    GP_CFG_SIZE,    /* bytes: 512MiB (gp_cfg_get_bytes) */
+    GP_CFG_OTHER    /* parsed by its own code; `form` says what it takes */
+} gp_cfg_type;
+
+/* Row flags besides GP_CFG_LO_OPEN and GP_CFG_HI_OPEN. */
+enum {
+    GP_CFG_VARIES = 4,  /* the default depends on other keys (def says how): not compared */
+    GP_CFG_ALSO_INT = 8 /* an OTHER key some call sites read as one integer (stride) */
+};
+
+typedef struct gp_cfg_key {
+    const char *key;     /* dotted path */
+    gp_cfg_type type;
+    const char *form;    /* ENUM: its names, "a, b, c" in the parser's order; OTHER: the
+                            forms it takes, in words; else NULL */
+    const char *def;     /* the default as written in a config ("0.9", "true", "sgd");
+                            NULL: none (required, or off when absent) */
+    double lo, hi;       /* INT, NUM (and OTHER's numbers): the range; lo == hi == 0: none */
+    int flags;           /* GP_CFG_LO_OPEN, GP_CFG_HI_OPEN, GP_CFG_VARIES */
+    const char *meaning; /* one sentence; docs/config.md says the rest */
+} gp_cfg_key;
+
+/* The table, *n rows, sections before their keys. */
+const gp_cfg_key *gp_cfg_keys(int *n);
+/* The row of a dotted key, any all-digit part read as '#'
+ * (model.layers.3.out -> model.layers.#.out); NULL if there is none. */
+const gp_cfg_key *gp_cfg_key_find(const char *key);
+/* The last parts of the rows directly under `sect` ("pipeline.devices.#"),
+ * at most cap of them; their count. */
+int gp_cfg_key_children(const char *sect, const char **out, int cap);
+/* A getter's call against the row of `name` (a bug where they differ, or
+ * where there is no row): its type, range and flags (for INT and NUM) and
+ * its default, as a number (`num`, for INT and NUM) or as text (`text`, for
+ * BOOL, STR and ENUM; NULL: none); for ENUM also the names. */
+void gp_cfg_key_agrees(const char *name, gp_cfg_type type, double num, const char *text,
+                       double lo, double hi, int flags, const char *const *names, int count);
+/* The option keys a layer type takes, `name` and `stash` included
+ * (config_model.c); their count.  keys has room for 16. */
+int gp_cfg_layer_keys(gp_layer_type t, const char **keys);
+
 /* ---- the sections ----------------------------------------------------------- */
 
 /* A built-in model family under model (model.resnet): its layers into mc

@@ -9,8 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Option keys each layer type takes (besides `name`). */
-static int layer_keys(gp_layer_type t, const char **keys)
+/* Option keys each layer type takes (`stash` and `name` too): each has its
+ * row, model.layers.#.<key>, in config_keys.c's table. */
+int gp_cfg_layer_keys(gp_layer_type t, const char **keys)
 {
     int n = 0;
     switch (t) {
@@ -126,10 +127,11 @@ static gp_status parse_pops(gp_cfg_walk *w, const gp_ynode *opts, const char *se
 static gp_status get_hw(gp_cfg_walk *w, const gp_ynode *opts, const char *sect, const char *key,
                         int64_t lo, int64_t hi, gp_hw *out)
 {
-    const gp_ynode *n = gp_ymap_get(opts, key);
-    if (gp_cfg_absent(n)) return GP_OK; /* the spec's default stays */
     char name[128], got[96];
     gp_cfg_join(name, sizeof name, sect, key);
+    gp_cfg_key_agrees(name, GP_CFG_OTHER, 0, NULL, (double)lo, (double)hi, 0, NULL, 0);
+    const gp_ynode *n = gp_ymap_get(opts, key);
+    if (gp_cfg_absent(n)) return GP_OK; /* the spec's default stays */
     int64_t v[2];
     const gp_ynode *at[2] = {n, n};
     if (n->kind == GP_YNODE_SCALAR) {
@@ -228,7 +230,7 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
     if (by) snprintf(spec->set, sizeof spec->set, "%s", by);
     const char *tname = gp_layer_type_name(t);
     const char *keys[16];
-    int nk = layer_keys(t, keys);
+    int nk = gp_cfg_layer_keys(t, keys);
     if (gp_cfg_absent(opts)) opts = NULL;
     if (opts && opts->kind != GP_YNODE_MAP) {
         /* `linear: 10` most likely meant its out */
@@ -367,6 +369,7 @@ gp_status gp_cfg_parse_shape(const gp_cfg_walk *w, const gp_ynode *in, const cha
                              int64_t dims[3])
 {
     const int64_t max = (int64_t)1 << 24;
+    gp_cfg_key_agrees(what, GP_CFG_OTHER, 0, NULL, 1, (double)max, 0, NULL, 0);
     dims[0] = dims[1] = dims[2] = 1;
     if (in->kind == GP_YNODE_SEQ) {
         if (in->n != 1 && in->n != 3)

@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 static const char *const k_ckpt_names[] = {"always", "except_last", "never"};
-static const char *const k_device_keys[] = {"name", "memory", "threads"};
 /* gp_copy_precision's order */
 static const char *const k_copy_names[] = {"auto", "fp32", "bf16"};
 
@@ -56,7 +55,9 @@ static gp_status parse_device(gp_cfg_walk *w, const gp_ynode *item, int index,
     d->memory = pc->memory;
     d->threads = pc->threads;
     if (item->kind == GP_YNODE_MAP) {
-        GP_TRY(gp_cfg_check_keys_list(w, item, sect, k_device_keys, GP_COUNT(k_device_keys)));
+        const char *keys[8]; /* the table's pipeline.devices.#.<key> rows */
+        int nk = gp_cfg_key_children("pipeline.devices.#", keys, 8);
+        GP_TRY(gp_cfg_check_keys_list(w, item, sect, keys, nk));
         name_node = gp_ymap_get(item, "name");
         if (gp_cfg_absent(name_node))
             return gp_cfg_bad(w, item, "%s needs a name, like {name: cpu:0, memory: 512MiB}", sect);

@@ -37,6 +37,8 @@ static gp_status get_typed_map(gp_cfg_walk *w, const gp_ynode *m, const char *ke
 /* train.optimizer.betas: [b1, b2], each in [0, 1) (Adam's moment decays). */
 static gp_status get_betas(gp_cfg_walk *w, const gp_ynode *om, float *out)
 {
+    gp_cfg_key_agrees("train.optimizer.betas", GP_CFG_OTHER, 0, NULL, 0, 1, GP_CFG_HI_OPEN, NULL,
+                      0);
     const gp_ynode *n = gp_ymap_get(om, "betas");
     if (gp_cfg_absent(n)) {
         gp_cfg_note(w, "train.optimizer.betas = [%g, %g] (default)", out[0], out[1]);

@@ -1,8 +1,9 @@
 /*
  * config_walk.c — what every section of the walk uses (config_impl.h):
  * messages at a node's file:line:column, the defaults list, unknown keys
- * against the schema with the best "did you mean" we can find, and the
- * typed getters that know a default and a range.
+ * against the keys' table (config_keys.c) with the best "did you mean" we
+ * can find, and the typed getters that know a default and a range (each
+ * checked against the table's row: gp_cfg_key_agrees).
  */
 #include "config/config_impl.h"
 
@@ -14,49 +15,20 @@
 #include <string.h>
 #include <strings.h>
 
-/* Every key a config may contain, as a dotted path.  Layer options and the
- * keys of a device map are checked against their own lists below. */
-static const char *const k_schema[] = {
-    "model", "pipeline", "data", "train",
-    "model.input", "model.layers", "model.loss", "model.label_smoothing", "model.init_from",
-    "model.resnet", "model.resnet.depth", "model.resnet.classes",
-    "model.amoebanet", "model.amoebanet.layers", "model.amoebanet.filters",
-    "model.amoebanet.classes",
-    "model.unet", "model.unet.depth", "model.unet.num_convs", "model.unet.base",
-    "model.unet.in_channels", "model.unet.out_channels",
-    "model.gpt", "model.gpt.layers", "model.gpt.heads", "model.gpt.width",
-    "model.gpt.positions", "model.gpt.vocab", "model.gpt.vocab_pad", "model.gpt.dropout",
-    "model.gpt.tie",
-    "model.llama", "model.llama.layers", "model.llama.heads", "model.llama.kv_heads",
-    "model.llama.width", "model.llama.intermediate", "model.llama.vocab",
-    "model.llama.positions", "model.llama.rope_theta", "model.llama.rope_scaling",
-    "model.llama.rope_scaling.factor", "model.llama.rope_scaling.low_freq_factor",
-    "model.llama.rope_scaling.high_freq_factor", "model.llama.rope_scaling.original_positions",
-    "model.llama.rms_eps", "model.llama.tie", "model.llama.qkv_bias", "model.llama.std",
-    "pipeline.devices", "pipeline.balance", "pipeline.chunks", "pipeline.checkpoint",
-    "pipeline.lockstep", "pipeline.schedule", "pipeline.schedule.file", "pipeline.virtual", "pipeline.threads", "pipeline.memory", "pipeline.replicas",
-    "pipeline.copy_precision", "pipeline.peer_timeout",
-    "data.dataset", "data.path", "data.shuffle", "data.normalize", "data.mean",
-    "data.std", "data.augment", "data.augment.crop_padding", "data.augment.hflip",
-    "data.prefetch", "data.train_limit", "data.test_limit", "data.synthetic",
-    "data.synthetic.train", "data.synthetic.test", "data.synthetic.classes",
-    "data.synthetic.shape", "data.synthetic.masks",
-    "data.layout", "data.masks", "data.workers", "data.on_bad_file", "data.cache_dir",
-    "data.augment.random_resized_crop", "data.augment.random_resized_crop.scale",
-    "data.augment.random_resized_crop.ratio", "data.augment.resize",
-    "train.epochs", "train.steps", "train.batch_size", "train.seed", "train.optimizer",
-    "train.optimizer.type", "train.optimizer.lr", "train.optimizer.momentum",
-    "train.optimizer.betas", "train.optimizer.eps",
-    "train.optimizer.nesterov", "train.optimizer.weight_decay",
-    "train.optimizer.decay_bias_and_norm", "train.schedule", "train.schedule.type",
-    "train.schedule.warmup_steps", "train.schedule.warmup_start",
-    "train.schedule.step_size", "train.schedule.gamma", "train.schedule.min_lr",
-    "train.lr_scaling", "train.base_batch", "train.log_every", "train.eval_each_epoch",
-    "train.eval_batch_size", "train.clip_grad_norm", "train.precision", "train.activations", "train.deterministic", "train.snapshot", "train.snapshot.every_steps",
-    "train.snapshot.every_minutes", "train.snapshot.keep", "train.snapshot.dir",
-    "train.tensorboard",
-};
-#define N_SCHEMA ((int)(sizeof k_schema / sizeof k_schema[0]))
+/* The keys the unknown-key check knows are config_keys.c's table, less
+ * the rows of list items ('#': layer options and device maps, which are
+ * checked against their own lists).  At most this many. */
+#define MAX_SCHEMA 512
+
+/* The dotted paths of the table's rows outside list items; their count. */
+static int schema_keys(const char **out)
+{
+    int nk, n = 0;
+    const gp_cfg_key *k = gp_cfg_keys(&nk);
+    for (int i = 0; i < nk && n < MAX_SCHEMA; i++)
+        if (!strchr(k[i].key, '#')) out[n++] = k[i].key;
+    return n;
+}
 
 /* An example value per key, for messages that ask for one ("--set
  * train.steps=: empty value; give a value, e.g. --set train.steps=100").
@@ -381,9 +353,7 @@ void gp_cfg_list_names(const char *const *names, int n, char *buf, size_t len)
 
 static bool in_schema(const char *path)
 {
-    for (int i = 0; i < N_SCHEMA; i++)
-        if (!strcmp(k_schema[i], path)) return true;
-    return false;
+    return !strchr(path, '#') && gp_cfg_key_find(path) != NULL;
 }
 
 /* The direct children of `sect` in the schema ("" = the top level). */
@@ -391,8 +361,10 @@ static int schema_children(const char *sect, const char **out, int cap)
 {
     size_t sl = strlen(sect);
     int n = 0;
-    for (int i = 0; i < N_SCHEMA && n < cap; i++) {
-        const char *e = k_schema[i];
+    const char *schema[MAX_SCHEMA];
+    int ns = schema_keys(schema);
+    for (int i = 0; i < ns && n < cap; i++) {
+        const char *e = schema[i];
         const char *rest;
         if (sl == 0) {
             rest = e;
@@ -417,8 +389,10 @@ static gp_status unknown_key(const gp_cfg_walk *w, const gp_ynode *key, const ch
     /* 1. the same key elsewhere: a misplaced option */
     size_t sl = strlen(sect);
     const char *same = NULL;
-    for (int i = 0; i < N_SCHEMA; i++) {
-        const char *e = k_schema[i];
+    const char *schema[MAX_SCHEMA];
+    int ns = schema_keys(schema);
+    for (int i = 0; i < ns; i++) {
+        const char *e = schema[i];
         const char *last = strrchr(e, '.');
         last = last ? last + 1 : e;
         if (strcmp(last, k)) continue;
@@ -451,13 +425,13 @@ static gp_status unknown_key(const gp_cfg_walk *w, const gp_ynode *key, const ch
         gp_cfg_nearest(k, kids, nk, hint, sizeof hint);
         if (!hint[0]) {
             /* 3. a near miss anywhere (a misplaced, misspelt option) */
-            const char *lasts[N_SCHEMA];
-            for (int i = 0; i < N_SCHEMA; i++) {
-                const char *last = strrchr(k_schema[i], '.');
-                lasts[i] = last ? last + 1 : k_schema[i];
+            const char *lasts[MAX_SCHEMA];
+            for (int i = 0; i < ns; i++) {
+                const char *last = strrchr(schema[i], '.');
+                lasts[i] = last ? last + 1 : schema[i];
             }
-            int best = closest(k, lasts, N_SCHEMA);
-            if (best >= 0) snprintf(hint, sizeof hint, "; did you mean '%s'?", k_schema[best]);
+            int best = closest(k, lasts, ns);
+            if (best >= 0) snprintf(hint, sizeof hint, "; did you mean '%s'?", schema[best]);
         }
         if (!hint[0]) {
             char names[512];
@@ -543,6 +517,7 @@ gp_status gp_cfg_get_int(gp_cfg_walk *w, const gp_ynode *m, const char *sect, co
 {
     char name[256];
     gp_cfg_join(name, sizeof name, sect, key);
+    gp_cfg_key_agrees(name, GP_CFG_INT, (double)def, NULL, (double)lo, (double)hi, 0, NULL, 0);
     const gp_ynode *n = gp_ymap_get(m, key);
     if (gp_cfg_absent(n)) {
         *out = def;
@@ -577,6 +552,7 @@ gp_status gp_cfg_get_u64(gp_cfg_walk *w, const gp_ynode *m, const char *sect, co
 {
     char name[256];
     gp_cfg_join(name, sizeof name, sect, key);
+    gp_cfg_key_agrees(name, GP_CFG_INT, (double)def, NULL, 0, (double)UINT64_MAX, 0, NULL, 0);
     const gp_ynode *n = gp_ymap_get(m, key);
     if (gp_cfg_absent(n)) {
         *out = def;
@@ -651,6 +627,7 @@ gp_status gp_cfg_get_double(gp_cfg_walk *w, const gp_ynode *m, const char *sect,
 {
     char name[256];
     gp_cfg_join(name, sizeof name, sect, key);
+    gp_cfg_key_agrees(name, GP_CFG_NUM, def, NULL, lo, hi, flags, NULL, 0);
     const gp_ynode *n = gp_ymap_get(m, key);
     if (gp_cfg_absent(n)) {
         *out = def;
@@ -680,6 +657,7 @@ gp_status gp_cfg_get_bool(gp_cfg_walk *w, const gp_ynode *m, const char *sect, c
 {
     char name[256];
     gp_cfg_join(name, sizeof name, sect, key);
+    gp_cfg_key_agrees(name, GP_CFG_BOOL, 0, def ? "true" : "false", 0, 0, 0, NULL, 0);
     const gp_ynode *n = gp_ymap_get(m, key);
     if (gp_cfg_absent(n)) {
         *out = def;
@@ -708,6 +686,7 @@ gp_status gp_cfg_get_str(gp_cfg_walk *w, const gp_ynode *m, const char *sect, co
 {
     char name[256];
     gp_cfg_join(name, sizeof name, sect, key);
+    gp_cfg_key_agrees(name, GP_CFG_STR, 0, def, 0, 0, 0, NULL, 0);
     const gp_ynode *n = gp_ymap_get(m, key);
     if (gp_cfg_absent(n)) {
         snprintf(buf, cap, "%s", def);
@@ -754,6 +733,7 @@ gp_status gp_cfg_get_enum(gp_cfg_walk *w, const gp_ynode *m, const char *sect, c
 {
     char name[256];
     gp_cfg_join(name, sizeof name, sect, key);
+    gp_cfg_key_agrees(name, GP_CFG_ENUM, 0, names[def], 0, 0, 0, names, count);
     const gp_ynode *n = gp_ymap_get(m, key);
     if (gp_cfg_absent(n)) {
         *out = def;
@@ -834,6 +814,7 @@ gp_status gp_cfg_get_bytes(gp_cfg_walk *w, const gp_ynode *m, const char *sect, 
 {
     char name[256];
     gp_cfg_join(name, sizeof name, sect, key);
+    gp_cfg_key_agrees(name, GP_CFG_SIZE, 0, NULL, 0, 0, 0, NULL, 0);
     const gp_ynode *n = gp_ymap_get(m, key);
     if (gp_cfg_absent(n)) {
         *out = 0;
@@ -849,6 +830,7 @@ gp_status gp_cfg_get_map(const gp_cfg_walk *w, const gp_ynode *m, const char *se
 {
     char name[256], got[96];
     gp_cfg_join(name, sizeof name, sect, key);
+    gp_cfg_key_agrees(name, GP_CFG_MAP, 0, NULL, 0, 0, 0, NULL, 0);
     const gp_ynode *n = gp_ymap_get(m, key);
     *out = NULL;
     if (gp_cfg_absent(n)) return GP_OK;
