@@ -10,7 +10,7 @@
  * every layer-option row a type that takes it; the table's keys are unique
  * and each sits under a section that is a row; and, in a child process, the
  * check itself aborts on a drifted default, range and a missing row.
- * (tests/test_config_keys.py holds docs/config.md to the table.)
+ * (tests/test_config_doc.py holds docs/config.md to the table.)
  */
 #include "config/config_impl.h"
 #include "test.h"

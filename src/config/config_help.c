@@ -2,7 +2,7 @@
  * config_help.c — the keys' reference, printed from config_keys.c's table
  * (the one the parser checks keys and getters against): `gpipe-train
  * --help-config` as plain text, one key per entry, or as Markdown tables.
- * tests/test_config_keys.py holds docs/config.md to it.
+ * tests/test_config_doc.py holds docs/config.md to it.
  */
 #include "config/config_impl.h"
 
@@ -35,7 +35,7 @@ static void range_text(const gp_cfg_key *k, char *buf, size_t cap)
     char lo[32], hi[32];
     bound_text(k, k->lo, lo, sizeof lo);
     bool lo_open = k->flags & GP_CFG_LO_OPEN, hi_open = k->flags & GP_CFG_HI_OPEN;
-    if (k->hi >= 18446744073709551615.0) {
+    if (!isinf(k->hi) && k->hi >= 18446744073709551615.0) {
         snprintf(buf, cap, "%s .. 2^64-1", lo);
     } else if (isinf(k->hi) || k->hi >= 9223372036854775807.0) {
         snprintf(buf, cap, "%s %s", lo_open ? ">" : ">=", lo);
@@ -132,11 +132,18 @@ void gp_config_help(FILE *f, bool markdown)
               "KEY = DEFAULT  (TYPE; RANGE), then what it is.  A '#' is a list index.\n", f);
     for (int p = 0; p < GP_COUNT(k_parts); p++) {
         if (markdown)
-            fprintf(f, "\n### %s\n\n| key | type | default | range | meaning |\n"
-                    "|---|---|---|---|---|\n", k_parts[p].title);
+            fprintf(f, "\n### %s\n", k_parts[p].title);
         else
             fprintf(f, "\n[%s]\n", k_parts[p].title);
         bool layer = !strcmp(k_parts[p].prefix, "model.layers.#.");
+        if (layer) {
+            fputs(markdown ? "\nLayer types: " : "    layer types: ", f);
+            for (int t = 0; t < GP_LAYER_TYPE_COUNT; t++)
+                fprintf(f, markdown ? "%s`%s`" : "%s%s", t ? ", " : "",
+                        gp_layer_type_name((gp_layer_type)t));
+            fputs(markdown ? ".\n" : "\n", f);
+        }
+        if (markdown) fputs("\n| key | type | default | range | meaning |\n|---|---|---|---|---|\n", f);
         for (int i = 0; i < n; i++)
             if (in_part(&keys[i], p)) print_entry(f, &keys[i], markdown, layer);
     }

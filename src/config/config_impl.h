@@ -204,7 +204,7 @@ gp_status gp_cfg_get_map(const gp_cfg_walk *w, const gp_ynode *m, const char *se
  *
  * One table holds every key a config may contain: its type, default, range
  * and meaning.  The unknown-key check reads its dotted paths, gpipe-train
- * --help-config prints it, tests/test_config_keys.py holds docs/config.md
+ * --help-config prints it, tests/test_config_doc.py holds docs/config.md
  * to it, and every typed getter checks its call against its row
  * (gp_cfg_key_agrees): a getter whose default, range or type differs from
  * the row, or a key without a row, is a bug that aborts naming the key (as

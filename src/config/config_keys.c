@@ -8,7 +8,7 @@
  * range changed at a call site and not here, or a key read without a row,
  * fails the first test that parses a config (tests/test_config_keys.c
  * parses every config in configs/ and bench/ and every layer type);
- * tests/test_config_keys.py holds docs/config.md to the printed table in
+ * tests/test_config_doc.py holds docs/config.md to the printed table in
  * both directions.
  *
  * Adding a key: one row below, in its section (a K_* line: key, default,
