@@ -115,7 +115,8 @@ def page(tool, help_text):
         out += [".SH " + esc(title.upper())] + paragraphs(text)
     others = [t for t in TOOLS if t != tool]
     out += [".SH SEE ALSO", ", ".join("\\fB%s\\fR(1)" % t for t in others) + ";",
-            "docs/config.md (every config key) and README.md in gpipe's source tree."]
+            "README.md, the guides in docs/ and docs/config.md (every config key)",
+            "in gpipe's source tree."]
     return "\n".join(out) + "\n"
 
 

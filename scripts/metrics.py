@@ -9,8 +9,8 @@ scripts/install-deps.sh), as scripts/timeline.py does; `summary` and
     scripts/metrics.py summary RUN.jsonl... [--warmup N] [--json]
     scripts/metrics.py compare A.jsonl B.jsonl [--warmup N] [--json]
 
-Input: the JSON Lines that `gpipe-train --metrics FILE` writes (README,
-"--metrics"): one record per step ({"step", "epoch", "loss", "accuracy",
+Input: the JSON Lines that `gpipe-train --metrics FILE` writes
+(docs/timelines-and-metrics.md): one record per step ({"step", "epoch", "loss", "accuracy",
 "lr", "samples_per_s", "step_seconds", "data_wait_seconds", optional
 "grad_norm", and "devices": [{"name", "peak_bytes", ...}]}) and one per
 evaluation ({"eval": true, "step", "epoch", "test_loss", "test_accuracy",

@@ -1,6 +1,6 @@
 #!/bin/sh
-# schedule-pictures.sh — the schedule pictures of README.md ("Pipelines") and
-# docs/: one step of each built-in schedule on 2 CPU devices of one thread
+# schedule-pictures.sh — the schedule pictures of docs/pipelines.md
+# ("Schedules"): one step of each built-in schedule on 2 CPU devices of one thread
 # (configs/default.yaml, synthetic data, batch 256, 4 micro-batches,
 # checkpoint never, free-running), recorded by gpipe-train --trace and drawn
 # by scripts/timeline.py gantt, so every picture comes from the instruction
