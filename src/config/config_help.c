@@ -21,10 +21,22 @@ static void int_text(double v, char *buf, size_t cap)
 
 static void bound_text(const gp_cfg_key *k, double v, char *buf, size_t cap)
 {
-    if (k->type == GP_CFG_NUM || (k->type == GP_CFG_OTHER && v != floor(v)))
-        snprintf(buf, cap, "%g", v);
-    else
+    if (k->type == GP_CFG_NUM || (k->type == GP_CFG_OTHER && v != floor(v))) {
+        char g[32];
+        snprintf(g, sizeof g, "%g", v);
+        char *e = strchr(g, 'e'); /* 1e+07 as a config writes it: 1e7 */
+        if (e) {
+            const char *exp = e + 1 + (e[1] == '+');
+            bool neg = *exp == '-';
+            exp += neg;
+            while (*exp == '0' && exp[1]) exp++;
+            snprintf(buf, cap, "%.*se%s%s", (int)(e - g), g, neg ? "-" : "", exp);
+        } else {
+            snprintf(buf, cap, "%s", g);
+        }
+    } else {
         int_text(v, buf, cap);
+    }
 }
 
 /* "[1, 1024]", "(0, 1)", ">= 0", "> 0", "0 .. 2^64-1"; "" for none. */
