@@ -16,8 +16,9 @@ docs/config.md's key tables (a first column `key`) each follow a line
   with it (0.0 and 0 agree, backticks dropped);
 - every layer type is a row of docs/config.md's layer table ("### Layers"),
   whose options cell names (as `option`) every option the type takes, and
-  names as `option (...)` no option of another type only; `name` and
-  `stash`, which every layer takes, are named in the model section.
+  names as `option (...)` no option of another type only, with the
+  parser's default where it gives a value there (`p` (0.5, ...)); `name`
+  and `stash`, which every layer takes, are named in the model section.
 
 Needs GPIPE_BINARY_DIR (set by CTest) and GPIPE_SOURCE_DIR.  Prints
 "test_config_doc: N passed, N failed" last.
@@ -112,7 +113,14 @@ def same_default(table, cell):
         return False
 
 
-def check_layers(text, types, takes):
+def plain(default):
+    """A default that is one value (a number, a word, true/false), not words
+    about other keys ("batch_size", "heads", "per dataset")."""
+    return bool(re.match(r"^[-+0-9.e]+$|^(true|false)$|^[a-z0-9_-]+$", default)) and \
+        default not in ("heads", "batch_size")
+
+
+def check_layers(text, types, takes, defaults):
     """The layer table of "### Layers" against the layer types and options."""
     sect = text.split("\n### Layers\n", 1)[-1].split("\n### ", 1)[0]
     opts_of = {t: "" for t in types}
@@ -140,10 +148,15 @@ def check_layers(text, types, takes):
                       "which its row does not name" % (t, opt))
     every = set(takes)
     for t, cell in opts_of.items():
-        for opt in re.findall(r"`([a-z0-9_]+)` \(", cell):
+        for opt, val in re.findall(r"`([a-z0-9_]+)` \(([^,;)]*)", cell):
             mine = [o for o, ts in takes.items() if t in ts or ts == ["every layer"]]
             check(opt not in every or opt in mine, "docs/config.md's layer table gives %s an "
                   "option `%s` it does not take" % (t, opt))
+            # "`p` (0.5, ...)": a value where the doc gives one
+            default = defaults.get(opt)
+            if default and plain(default) and re.match(r"^(`|[-+0-9.]|true|false)", val):
+                check(same_default(default, val), "docs/config.md's layer table: %s's `%s` "
+                      "defaults to '%s' there and %s in the parser" % (t, opt, val, default))
 
 
 def main():
@@ -155,8 +168,8 @@ def main():
     for ln in unmarked:
         check(False, "docs/config.md:%d: a key table without a <!-- keys: PREFIX --> line "
               "before it" % ln)
-    plain = {k: v for k, v in keys.items() if "#" not in k}
-    for k, (default, ty) in sorted(plain.items()):
+    outer = {k: v for k, v in keys.items() if "#" not in k}
+    for k, (default, ty) in sorted(outer.items()):
         documented = k in rows or any(r.startswith(k + ".") for r in rows)
         check(documented, "config key %s (%s) is not in docs/config.md: add its row to the "
               "table of its section" % (k, ty))
@@ -166,9 +179,7 @@ def main():
         if k not in keys or keys[k][0] is None:
             continue
         default = keys[k][0]
-        # a plain value: a number, a word, true/false (not "batch_size", "per dataset")
-        if re.match(r"^[-+0-9.e]+$|^(true|false)$|^[a-z0-9_-]+$", default) and \
-                default not in ("heads", "batch_size"):
+        if plain(default):
             check(same_default(default, cell), "docs/config.md:%d: %s's default is '%s' in the "
                   "doc and %s in the parser" % (ln, k, cell, default))
     # device options: named in the devices row
@@ -178,7 +189,9 @@ def main():
     for opt in dev:
         check(opt in line, "pipeline.devices' row in docs/config.md does not name a device's "
               "`%s`" % opt)
-    check_layers(text, types, takes)
+    layer_defaults = {k.rsplit(".", 1)[1]: v[0] for k, v in keys.items()
+                      if k.startswith("model.layers.#.")}
+    check_layers(text, types, takes, layer_defaults)
     return finish("test_config_doc")
 
 
