@@ -1049,6 +1049,40 @@ static void test_simulator_formula(void)
     CHECK_MSG(ok, "the simulator disagrees with GPipe's step and bubble on uniform stages");
 }
 
+/* Selective recompute's time (pipeline.checkpoint.keep): a stage's
+ * recompute runs the layers a checkpointed forward does not keep, where a
+ * layer in place over a kept one's output is kept with it and the stage's
+ * first layer starts a run of its own (gp_ckpt_kept). */
+static void test_keep_recompute_time(void)
+{
+    gp_layer_mem mem[5];
+    gp_layer_times t[5];
+    memset(mem, 0, sizeof mem);
+    memset(t, 0, sizeof t);
+    for (int k = 0; k < 5; k++) t[k].recompute = t[k].fwd = (double)(1 << k); /* 1 .. 16 */
+    mem[2].inplace = mem[4].inplace = true; /* runs {0}, {1, 2}, {3, 4} */
+    int bal[5];
+    gp_profile p = unit_profile(5, 1, 1, mem, t, bal);
+    static const struct {
+        int keep[5], first, count;
+        double R;
+    } cases[] = {
+        {{0, 0, 0, 0, 0}, 0, 5, 31}, /* nothing kept: the whole forward */
+        {{0, 0, 1, 0, 0}, 0, 5, 25}, /* 2 keeps 1 with it */
+        {{0, 1, 0, 0, 0}, 0, 5, 25},
+        {{1, 0, 0, 0, 1}, 0, 5, 6},  /* 0 alone; 4 keeps 3 */
+        {{0, 0, 1, 0, 0}, 2, 3, 24}, /* 2 first in its stage: its own run */
+        {{1, 1, 1, 1, 1}, 0, 5, 0},
+    };
+    for (size_t q = 0; q < sizeof cases / sizeof *cases; q++) {
+        for (int k = 0; k < 5; k++) mem[k].ckpt_keep = cases[q].keep[k];
+        gp_stage_times st = gp_stage_times_of(&p, t, 0, 0, 1, 3, cases[q].first, cases[q].count);
+        CHECK_MSG(st.R == cases[q].R && st.F == (double)(((1 << cases[q].count) - 1)
+                                                         << cases[q].first),
+                  "case %zu: recompute %g (want %g), forward %g", q, st.R, cases[q].R, st.F);
+    }
+}
+
 /* Every schedule on unit stages: one layer per stage whose forward,
  * backward-data and backward-weights each take 1 (so a whole backward 2),
  * copies and update free.  Free-running, 1F1B's step is then GPipe's,
@@ -1924,6 +1958,50 @@ static int peaks_bad(gp_config *cfg, int nd, const double *want, const char *uni
     return bad;
 }
 
+/* Selective recompute (pipeline.checkpoint.keep) on 1F1B, checkpoint
+ * always, keeping the norms (with the leaky relus in place over their
+ * outputs), and keeping the convolutions (with the dropouts in place over
+ * them): the planned peaks against the measured ones, as for the modes,
+ * and each plans at least what keeping nothing plans on every stage, more
+ * on one.  (In a U-Net neither is worth it: no backward reads a
+ * convolution's output, so a kept one is held only for the recompute of
+ * its norm, which a forward that keeps everything frees at once, and the
+ * norms are most of what such a forward keeps: both measured 13.7 and 15.4
+ * MiB on the first of 4 stages, never checkpointing 14.4, 2026-11-29.)
+ * Returns the devices out of bounds. */
+static int keep_peaks(gp_config *cfg, gp_profile *p, int nd, const int *bal, bool last)
+{
+    cfg->pipeline.schedule = GP_SCHEDULE_1F1B;
+    double peak[4][4], cost[4];
+    const gp_ckpt_keep keep[4] = {0, 0, 1u << GP_LAYER_INSTANCE_NORM, 1u << GP_LAYER_CONV2D};
+    for (int q = 0; q < 4; q++) { /* always; never; always keeping norms; convolutions */
+        cfg->pipeline.checkpoint = q == 1 ? GP_CKPT_NEVER : GP_CKPT_ALWAYS;
+        cfg->pipeline.checkpoint_keep = keep[q];
+        gp_model_profile_facts(cfg, p);
+        gp_plan_opts po;
+        gp_model_plan_opts(cfg, nd, &po);
+        po.by = GP_BALANCE_BY_SIZE;
+        gp_balance_stage_costs(p, &po, bal, cost, peak[q]);
+    }
+    bool above[2] = {false, false};
+    for (int j = 0; j < nd; j++)
+        for (int q = 2; q < 4; q++) {
+            CHECK_MSG(peak[q][j] >= peak[0][j], "stage %d: keeping %s plans %.2f MiB, under "
+                      "keeping nothing's %.2f", j, q == 2 ? "norms" : "convolutions",
+                      peak[q][j] / 1048576.0, peak[0][j] / 1048576.0);
+            above[q - 2] = above[q - 2] || peak[q][j] > peak[0][j];
+        }
+    CHECK_MSG(above[0] && above[1], "keeping norms or convolutions plans what keeping nothing "
+              "does on every stage");
+    cfg->pipeline.checkpoint_keep = keep[2];
+    int bad = peaks_bad(cfg, nd, peak[2], "stages", "planned, keeping the norms", last);
+    cfg->pipeline.checkpoint_keep = keep[3];
+    bad += peaks_bad(cfg, nd, peak[3], "stages", "planned, keeping the convolutions", last);
+    cfg->pipeline.checkpoint_keep = 0;
+    gp_model_profile_facts(cfg, p);
+    return bad;
+}
+
 static int schedule_memory_attempt(bool last, int nd, bool sample)
 {
     char yaml[1024];
@@ -1963,6 +2041,7 @@ static int schedule_memory_attempt(bool last, int nd, bool sample)
             gp_balance_stage_costs(&p, &po, bal, cost, peak);
             bad += peaks_bad(&cfg, nd, peak, "stages", "planned", last);
         }
+    bad += keep_peaks(&cfg, &p, nd, bal, last);
     /* the V schedules (two stages a device) and interleaved (2 a device),
      * each with one checkpoint mode: the simulator's device peaks
      * (gp_simulate_memory, the stages' bytes added instruction by
@@ -2191,6 +2270,7 @@ int main(void)
         test_partition_v();
         test_minmax_v_stages();
         test_simulator_formula();
+        test_keep_recompute_time();
         test_simulator_schedules();
         test_plan_interleaved();
         test_plan_interleaved_random();

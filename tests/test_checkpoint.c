@@ -70,9 +70,9 @@ static void build(gp_device *dev, gp_layer *layers)
 static void upload_random(gp_device *dev, gp_tensor *t, const gp_shape *sh, uint64_t stream,
                           gp_mem_category cat)
 {
-    float h[64];
+    float h[512];
     int64_t n = gp_shape_numel(sh);
-    GP_ASSERT(n <= 64);
+    GP_ASSERT(n <= 512);
     gp_rng_uniform_fill(7, stream, 0, h, n);
     for (int64_t q = 0; q < n; q++) h[q] = 2 * h[q] - 1;
     CHECK_OK(gp_tensor_alloc(t, dev, sh, cat));
@@ -936,6 +936,219 @@ static void norm_leaky(void)
     gp_device_close(dev);
 }
 
+
+/* ---- selective recompute (pipeline.checkpoint.keep) ---------------------------- */
+
+/* A Transformer's MLP-like chain on (b, 6) rows: layer norm, linear + GELU
+ * (one call, gp_layers_linear_gelu, where both are kept or neither),
+ * linear, dropout, layer norm, linear. */
+enum { TX = 7 };
+static void tx_build(gp_device *dev, gp_layer *layers)
+{
+    static const gp_layer_type t[TX] = {GP_LAYER_LAYER_NORM, GP_LAYER_LINEAR, GP_LAYER_GELU,
+                                        GP_LAYER_LINEAR, GP_LAYER_DROPOUT, GP_LAYER_LAYER_NORM,
+                                        GP_LAYER_LINEAR};
+    static const int64_t outs[TX] = {0, 8, 0, 6, 0, 0, 4};
+    gp_layer_spec sp[TX];
+    gp_shape in = gp_shape_2d(1, 6);
+    for (int k = 0; k < TX; k++) {
+        sp[k] = gp_layer_spec_default(t[k]);
+        if (outs[k]) sp[k].out = outs[k];
+        if (t[k] == GP_LAYER_DROPOUT) sp[k].p = 0.25f;
+        CHECK_OK(gp_layer_create(&sp[k], k, &in, dev, 21, &layers[k]));
+        in = layers[k].out_shape;
+    }
+}
+
+typedef struct {
+    const char *name;
+    int count;
+    void (*build)(gp_device *dev, gp_layer *layers);
+    gp_shape in; /* a micro-batch's input */
+} sel_stage;
+
+/* Every non-buffer parameter gradient of layers[0 .. count), finished,
+ * end to end on the host (*n floats). */
+static float *host_grads(gp_layer *l, int count, int64_t *n)
+{
+    int64_t total = 0;
+    for (int k = 0; k < count; k++) {
+        CHECK_OK(gp_layer_grads_finish(&l[k]));
+        for (int q = 0; q < l[k].n_params; q++)
+            if (!l[k].params[q].is_buffer) total += gp_tensor_numel(&l[k].params[q].grad);
+    }
+    float *h = malloc((size_t)(total ? total : 1) * sizeof *h);
+    int64_t at = 0;
+    for (int k = 0; k < count; k++)
+        for (int q = 0; q < l[k].n_params; q++) {
+            const gp_tensor *g = &l[k].params[q].grad;
+            if (l[k].params[q].is_buffer) continue;
+            CHECK_OK(gp_dev_download(g->dev, h + at, gp_f32(g), gp_tensor_numel(g)));
+            at += gp_tensor_numel(g);
+        }
+    *n = total;
+    return h;
+}
+
+/* One micro-batch through a fresh stage: forward keeping everything
+ * (keep < 0), or checkpointed keeping the layer types of `keep` and then
+ * recomputed with ctx's seed + reseed; then backward.  The output, the
+ * input gradient and the parameter gradients go to the host; returns the
+ * bytes the stash held after the forward. */
+typedef struct {
+    float *out, *dx, *grads;
+    int64_t n_out, n_dx, n_grads;
+} sel_result;
+
+static size_t sel_run(gp_device *dev, const sel_stage *st, int64_t keep, uint64_t reseed,
+                      sel_result *r)
+{
+    gp_layer l[CHAIN_MAX];
+    st->build(dev, l);
+    for (int k = 0; k < st->count; k++) gp_layer_grads_begin(&l[k]);
+    gp_stash a;
+    CHECK_OK(gp_stash_init(&a, st->count, NULL, 0));
+    a.keep = keep < 0 ? 0 : (gp_ckpt_keep)keep;
+    upload_random(dev, &a.in, &st->in, 7, GP_MEM_ACTIVATIONS);
+    gp_fwd_ctx ctx = {.training = true, .seed = 31, .step = 2, .batch_total = st->in.dims[0]};
+    int bad = -1;
+    CHECK_OK(gp_ckpt_forward(l, &ctx, keep < 0 ? GP_FWD_KEEP : GP_FWD_INPUT, &a, &bad));
+    size_t held = gp_stash_bytes(&a);
+    r->n_out = gp_tensor_numel(&a.out);
+    r->out = malloc((size_t)r->n_out * sizeof *r->out);
+    CHECK_OK(gp_dev_download(dev, r->out, gp_f32(&a.out), r->n_out));
+    gp_shape ys = gp_tensor_shape(&a.out);
+    gp_tensor dy = {0}, dx = {0};
+    upload_random(dev, &dy, &ys, 8, GP_MEM_ACTIVATIONS);
+    if (keep >= 0) {
+        if (a.out.owned) gp_tensor_free(&a.out); /* handed on (a kept one stays) */
+        gp_fwd_ctx rc = ctx;
+        rc.seed += reseed;
+        CHECK_OK(gp_ckpt_recompute(l, &rc, &a, &bad));
+    }
+    CHECK_OK(gp_ckpt_backward(l, &ctx, &a, &dy, 0, &dx, &bad));
+    r->n_dx = gp_tensor_numel(&dx);
+    r->dx = malloc((size_t)r->n_dx * sizeof *r->dx);
+    CHECK_OK(gp_dev_download(dev, r->dx, gp_f32(&dx), r->n_dx));
+    r->grads = host_grads(l, st->count, &r->n_grads);
+    CHECK_MSG(gp_stash_bytes(&a) == 0, "%s, keep %#llx: the backward left %zu bytes", st->name,
+              (long long)keep, gp_stash_bytes(&a));
+    gp_tensor_free(&dx);
+    gp_tensor_free(&dy);
+    gp_stash_destroy(&a);
+    for (int k = 0; k < st->count; k++) gp_layer_destroy(&l[k]);
+    return held;
+}
+
+static bool sel_same(const sel_result *a, const sel_result *b)
+{
+    return a->n_out == b->n_out && a->n_dx == b->n_dx && a->n_grads == b->n_grads &&
+           !memcmp(a->out, b->out, (size_t)a->n_out * sizeof *a->out) &&
+           !memcmp(a->dx, b->dx, (size_t)a->n_dx * sizeof *a->dx) &&
+           !memcmp(a->grads, b->grads, (size_t)a->n_grads * sizeof *a->grads);
+}
+
+static void sel_free(sel_result *r)
+{
+    free(r->out);
+    free(r->dx);
+    free(r->grads);
+}
+
+/* Selective recompute: for every subset of the layer types of a stage
+ * (CNN with in-place and fused relus; U-Net units with unkept outputs and
+ * dropout2d in place; a Transformer MLP with the linear + GELU pair), a
+ * checkpointed forward keeping those types, its recompute and backward
+ * give the output, input gradient and parameter gradients of the forward
+ * that keeps everything, bit for bit; the stash holds what the kept forward
+ * holds for all of them, less for none, and between the two for the rest
+ * (plus the outputs no backward reads, which may stay for a recompute).  And a kept layer does not run again: with
+ * the recompute's seed changed, the gradients still match where every
+ * dropout is kept, and differ where one is recomputed. */
+static void selective(void)
+{
+    gp_device_opts o = {.threads = 1};
+    gp_device *dev;
+    CHECK_OK(gp_device_open("cpu:0", &o, &dev));
+    const sel_stage stages[] = {
+        {"conv/bn/relu stage", FZ, fz_build, gp_shape_4d(2, 3, 6, 6)},
+        {"U-Net units", NL, nl_build, gp_shape_4d(2, 3, 6, 6)},
+        {"Transformer MLP", TX, tx_build, gp_shape_2d(5, 6)},
+    };
+    int subsets = 0;
+    for (size_t q = 0; q < sizeof stages / sizeof *stages; q++) {
+        const sel_stage *st = &stages[q];
+        gp_layer l[CHAIN_MAX];
+        st->build(dev, l);
+        gp_layer_type types[CHAIN_MAX], of[CHAIN_MAX];
+        bool ip[CHAIN_MAX];
+        int nt = 0;
+        gp_layers_inplace(l, st->count, ip);
+        /* the outputs a kept forward frees early (no backward reads them) */
+        bool uk[CHAIN_MAX];
+        gp_layers_unkept(l, st->count, ip, uk);
+        size_t early = 0;
+        for (int k = 0; k + 1 < st->count; k++)
+            if (uk[k] && !ip[k])
+                early += (size_t)(gp_shape_numel(&l[k].out_shape) / l[k].out_shape.dims[0] *
+                                  st->in.dims[0]) * sizeof(float);
+        for (int k = 0; k < st->count; k++) {
+            gp_layer_type t = of[k] = l[k].spec.type;
+            bool seen = false;
+            for (int u = 0; u < nt; u++) seen = seen || types[u] == t;
+            if (!seen) types[nt++] = t;
+            gp_layer_destroy(&l[k]);
+        }
+        sel_result ref;
+        size_t full = sel_run(dev, st, -1, 0, &ref);
+        size_t *held = calloc((size_t)1 << nt, sizeof *held);
+        for (uint32_t sub = 0; sub < 1u << nt; sub++, subsets++) {
+            int64_t keep = 0;
+            for (int u = 0; u < nt; u++)
+                if (sub >> u & 1) keep |= 1ll << types[u];
+            sel_result r;
+            held[sub] = sel_run(dev, st, keep, 0, &r);
+            CHECK_MSG(sel_same(&r, &ref), "%s, keep %#llx: not the bits of the kept forward",
+                      st->name, (long long)keep);
+            sel_free(&r);
+            /* (an output no backward reads, which the kept forward frees
+             * early, stays for the recompute of the layer after it unless
+             * that one is kept too) */
+            CHECK_MSG(held[sub] >= held[0] && held[sub] <= full + early,
+                      "%s: keeping %#x holds %zu bytes, outside [%zu, %zu + %zu]", st->name,
+                      sub, held[sub], held[0], full, early);
+            /* which layers it keeps (a dropout in place over a kept
+             * output is kept with it) */
+            bool kept[CHAIN_MAX], drop = false, kept_all = true;
+            for (int k = 0; k < st->count; k++) kept[k] = keep >> of[k] & 1;
+            gp_ckpt_kept(ip, st->count, kept);
+            for (int k = 0; k < st->count; k++)
+                if (of[k] == GP_LAYER_DROPOUT || of[k] == GP_LAYER_DROPOUT2D) {
+                    drop = true;
+                    kept_all = kept_all && kept[k];
+                }
+            if (drop) { /* the recompute with another seed */
+                sel_result x;
+                sel_run(dev, st, keep, 1000, &x);
+                CHECK_MSG(sel_same(&x, &ref) == kept_all,
+                          "%s, keep %#llx, recomputed with another seed: %s", st->name,
+                          (long long)keep, kept_all ? "a kept dropout ran again"
+                                                    : "the dropout was not recomputed");
+                sel_free(&x);
+            }
+        }
+        CHECK_MSG(held[(1u << nt) - 1] == full,
+                  "%s: keeping every type holds %zu bytes, the kept forward %zu", st->name,
+                  held[(1u << nt) - 1], full);
+        CHECK_MSG(held[0] < full, "%s: keeping nothing holds %zu bytes of %zu", st->name,
+                  held[0], full);
+        free(held);
+        sel_free(&ref);
+    }
+    CHECK(subsets == 32 + 16 + 16);
+    gp_device_close(dev);
+}
+
 int main(void)
 {
     policy();
@@ -944,6 +1157,7 @@ int main(void)
     replay();
     inplace();
     norm_leaky();
+    selective();
     bad_loss();
     loss_over_logits();
     return gpt_finish("test_checkpoint");

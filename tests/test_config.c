@@ -212,6 +212,7 @@ static void test_defaults(void)
     CHECK(c.pipeline.n_devices == 1 && !strcmp(c.pipeline.devices[0].name, "cpu:0"));
     CHECK(c.pipeline.n_balance == 0 && c.pipeline.chunks == 1);
     CHECK(c.pipeline.checkpoint == GP_CKPT_EXCEPT_LAST && c.pipeline.lockstep);
+    CHECK(c.pipeline.checkpoint_keep == 0);
     CHECK(c.pipeline.schedule == GP_SCHEDULE_GPIPE);
     CHECK(c.pipeline.threads == 0 && c.pipeline.memory == 0 && c.pipeline.replicas == 1);
     CHECK(c.data.dataset == GP_DATASET_FASHION_MNIST);
@@ -597,6 +598,44 @@ static void test_errors(void)
     }
     CHECK_ERR(parse_bad(cat(k_base, "train:\n  clip_grad_norm: -1\n"), NULL, 0),
               GP_ERR_INVALID, "t.yaml:10:19: train.clip_grad_norm");
+    /* selective recompute: checkpoint: {mode, keep} */
+    {
+        gp_config c;
+        CHECK_OK(parse(cat(k_base, "pipeline:\n  checkpoint: {mode: always, keep: [linear, "
+                                   "attention, linear]}\n"), &c));
+        CHECK(c.pipeline.checkpoint == GP_CKPT_ALWAYS &&
+              c.pipeline.checkpoint_keep == (1u << GP_LAYER_LINEAR | 1u << GP_LAYER_ATTENTION));
+        gp_config_free(&c);
+        CHECK_OK(parse(cat(k_base, "pipeline:\n  checkpoint: {keep: [rms_norm]}\n"), &c));
+        CHECK(c.pipeline.checkpoint == GP_CKPT_EXCEPT_LAST &&
+              c.pipeline.checkpoint_keep == 1u << GP_LAYER_RMS_NORM);
+        gp_config_free(&c);
+        CHECK_OK(parse(cat(k_base, "pipeline:\n  checkpoint: {mode: never}\n"), &c));
+        CHECK(c.pipeline.checkpoint == GP_CKPT_NEVER && c.pipeline.checkpoint_keep == 0);
+        gp_config_free(&c);
+    }
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  checkpoint: {mode: always, keep: [lineer]}\n"),
+                        NULL, 0),
+              GP_ERR_INVALID, "t.yaml:10:37: unknown value 'lineer' for "
+                              "pipeline.checkpoint.keep.0 (allowed: linear, conv2d,");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  checkpoint: {mode: always, keep: [lineer]}\n"),
+                        NULL, 0),
+              GP_ERR_INVALID, "rope); did you mean 'linear'?");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  checkpoint: {mode: always, keeps: [add]}\n"),
+                        NULL, 0),
+              GP_ERR_INVALID, "t.yaml:10:30: unknown key 'keeps' in pipeline.checkpoint; did "
+                              "you mean 'keep'?");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  checkpoint: {mode: always, keep: linear}\n"),
+                        NULL, 0),
+              GP_ERR_INVALID, "t.yaml:10:36: pipeline.checkpoint.keep: expected a list of layer "
+                              "types");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  checkpoint: {mode: never, keep: [add]}\n"),
+                        NULL, 0),
+              GP_ERR_INVALID, "t.yaml:10:35: pipeline.checkpoint.keep applies to checkpointed "
+                              "micro-batches, and mode never checkpoints none");
+    CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  checkpoint: {mode: sometimes}\n"), NULL, 0),
+              GP_ERR_INVALID, "t.yaml:10:22: unknown value 'sometimes' for "
+                              "pipeline.checkpoint.mode (allowed: always, except_last, never)");
     /* unknown enum values list the allowed ones */
     CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  checkpoint: sometimes\n"), NULL, 0),
               GP_ERR_INVALID, "t.yaml:10:15: unknown value 'sometimes' for pipeline.checkpoint "

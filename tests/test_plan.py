@@ -71,6 +71,17 @@ def main():
         check(all(p <= 80e9 for *_, p in rows), "every layout within 80 GB a device")
         check(head is not None and ruled is not None and head[0] == head[1] + sum(ruled),
               "the considered are the fitting and the ruled out: %s %s" % (head, ruled))
+        # selective recompute among the choices (issue 79, item 2): the products' and
+        # attention's outputs kept hold more than keeping nothing and less than never
+        # checkpointing, and recompute less than keeping nothing
+        def row(n, sched, m, ck):
+            got = [x for x in rows if x[0] == n and x[2] == sched and x[3] == m and x[4] == ck]
+            return got[0] if got else None
+        trio = [row(2, "1f1b", 4, c) for c in ("always", "always+keep", "never")]
+        check(all(trio) and trio[0][7] < trio[1][7] < trio[2][7] and trio[1][5] < trio[0][5],
+              "2 stages, 1f1b, m 4: always / always+keep / never: %s" % (trio,))
+        check("(+keep: a checkpointed micro-batch keeps the outputs of linear, attention" in out,
+              "the +keep legend: %s" % out[-600:])
         # half the memory: fewer fit; 1 MiB: none
         rc2, out2 = run("gpipe-balance", [gpt2, "--plan", "8", "--gpu", "h100", "--memory",
                                           "2GiB"], tmp)
@@ -103,6 +114,19 @@ def main():
             rc, tout = run("gpipe-train", [best, "-q", "--set", "train.steps=2",
                                            "--set", "data.dataset=synthetic"], tmp)
             check(rc == 0, "the written best layout trains: exit %d: %s" % (rc, tout[-600:]))
+        # a config's keep survives --write: the pipeline section it writes keeps it
+        kept = os.path.join(tmp, "kept.yaml")
+        rc, out = run("gpipe-balance", [cfg, "--devices", "2", "--reps", "1", "-q", "--write",
+                                        kept, "--set", "data.dataset=synthetic", "--set",
+                                        "pipeline.checkpoint={mode: always, keep: [conv2d]}"], tmp)
+        text = open(kept).read() if os.path.exists(kept) else ""
+        check(rc == 0 and "checkpoint: {mode: always, keep: [conv2d]}" in text,
+              "--write keeps pipeline.checkpoint.keep: exit %d: %s %s" % (rc, text[-300:],
+                                                                         out[-300:]))
+        if rc == 0:
+            rc, tout = run("gpipe-train", [kept, "--dry-run"], tmp)
+            check(rc == 0 and "checkpoint always keeping conv2d" in tout,
+                  "the written config keeps conv2d: exit %d: %s" % (rc, tout[-400:]))
         # refused combinations
         for args, want in ((["--gpu", "h100"], "give --plan N"),
                            (["--memory", "1GiB"], "give --plan N"),

@@ -54,7 +54,9 @@ static void usage(FILE *f)
           "                     config's schedule; pipeline.schedule: {file: F} runs it\n"
           "  --plan N           lay out N devices: every split into a pipeline of n\n"
           "                     devices x N/n data-parallel replicas, schedule, m and\n"
-          "                     checkpoint mode, balanced, simulated (the replicas'\n"
+          "                     checkpoint mode (also keeping the layers of\n"
+          "                     pipeline.checkpoint.keep, or the products and attention:\n"
+          "                     +keep), balanced, simulated (the replicas'\n"
           "                     reduction and split optimizer state counted), and the\n"
           "                     fastest that fit listed with step, bubble, samples or\n"
           "                     tokens/s, MFU and peak memory, and what was ruled out;\n"
@@ -153,8 +155,16 @@ static gp_status write_config(const char *out_path, const gp_config *cfg, const 
     fputs("]\n  balance: [", o);
     for (int j = 0; j < stages; j++) fprintf(o, "%s%d", j ? ", " : "", balance[j]);
     bool file = pc->schedule == GP_SCHEDULE_FILE || pc->schedule == GP_SCHEDULE_FILE_V;
-    fprintf(o, "]\n  chunks: %d\n  checkpoint: %s\n  lockstep: %s\n", pc->chunks,
-            gp_checkpoint_mode_name(pc->checkpoint), pc->lockstep ? "true" : "false");
+    fprintf(o, "]\n  chunks: %d\n", pc->chunks);
+    if (pc->checkpoint_keep && pc->checkpoint != GP_CKPT_NEVER) {
+        char keep[512];
+        gp_ckpt_keep_str(pc->checkpoint_keep, keep, sizeof keep);
+        fprintf(o, "  checkpoint: {mode: %s, keep: [%s]}\n",
+                gp_checkpoint_mode_name(pc->checkpoint), keep);
+    } else {
+        fprintf(o, "  checkpoint: %s\n", gp_checkpoint_mode_name(pc->checkpoint));
+    }
+    fprintf(o, "  lockstep: %s\n", pc->lockstep ? "true" : "false");
     if (file) { /* a double-quoted scalar: its quotes, backslashes and controls escaped */
         fputs("  schedule: {file: \"", o);
         for (const unsigned char *c = (const unsigned char *)pc->schedule_path; *c; c++) {
@@ -420,19 +430,29 @@ static int run_plan(gp_config *cfg, int N, const char *gpu, double memory, int t
            gpu ? gpu : "CPU device", N == 1 ? "" : "s",
            r.capacity > 0 ? mb(r.capacity, cb, sizeof cb) : "unlimited memory",
            (long long)cfg->train.batch_size, r.considered, r.n_layouts);
-    printf("  %-4s %-9s %-14s %5s %-11s %10s %7s %12s %6s %12s\n", "rank", "stages", "schedule",
+    printf("  %-4s %-9s %-14s %5s %-16s %10s %7s %12s %6s %12s\n", "rank", "stages", "schedule",
            "m", "checkpoint", "step ms", "bubble", lm ? "tokens/s" : "samples/s", "MFU",
            "peak/device");
+    gp_ckpt_keep kept = 0;
     for (int i = 0; i < r.n_layouts && i < top; i++) {
         const gp_layout *l = &r.layouts[i];
-        char lay[32], sch[32], pk[32], mfu[16];
+        char lay[32], sch[32], pk[32], mfu[16], ck[32];
+        snprintf(ck, sizeof ck, "%s%s", gp_checkpoint_mode_name(l->checkpoint),
+                 l->keep ? "+keep" : "");
+        if (l->keep) kept = l->keep;
         snprintf(lay, sizeof lay, "%dx%d", l->devices, l->replicas);
         snprintf(sch, sizeof sch, "%s", gp_schedule_kind_name(l->schedule));
         if (isnan(l->mfu)) snprintf(mfu, sizeof mfu, "-");
         else snprintf(mfu, sizeof mfu, "%.0f%%", 100 * l->mfu);
-        printf("  %-4d %-9s %-14s %5d %-11s %10.2f %7.3f %12.0f %6s %12s\n", i + 1, lay, sch,
-               l->m, gp_checkpoint_mode_name(l->checkpoint), l->step * 1e3, l->bubble,
+        printf("  %-4d %-9s %-14s %5d %-16s %10.2f %7.3f %12.0f %6s %12s\n", i + 1, lay, sch,
+               l->m, ck, l->step * 1e3, l->bubble,
                l->samples_per_s * per, mfu, mb(l->peak, pk, sizeof pk));
+    }
+    if (kept) {
+        char ks[512];
+        gp_ckpt_keep_str(kept, ks, sizeof ks);
+        printf("  (+keep: a checkpointed micro-batch keeps the outputs of %s and recomputes the "
+               "rest: pipeline.checkpoint.keep)\n", ks);
     }
     printf("  (stages: a pipeline's devices x its replicas; the replicas' gradient reduction "
            "is in the step%s)\nruled out: %d with more replicas x micro-batches than samples, "
@@ -458,6 +478,7 @@ static int run_plan(gp_config *cfg, int N, const char *gpu, double memory, int t
         }
         pc->chunks = b->m;
         pc->checkpoint = b->checkpoint;
+        pc->checkpoint_keep = b->keep;
         pc->schedule = b->schedule;
         pc->virtual_stages = b->virtual_stages;
         pc->lockstep = false;
@@ -717,9 +738,7 @@ int main(int argc, char **argv)
         if (s == GP_OK) s = check_profile_sizes(&prof, prof_in, batch, m, R, simulate);
         if (s != GP_OK) gp_profile_free(&prof);
         /* facts of this run, not of the profile (balance.h) */
-        prof.bf16_copies = gp_config_bf16_copies(&cfg);
-        prof.act_dtype = (int)gp_config_act_dtype(&cfg);
-        prof.optim_shards = gp_model_optim_shards(&cfg);
+        gp_model_profile_facts(&cfg, &prof);
         /* the same model on other hardware: its times are a guess, not a lie */
         int threads = gp_model_device_threads(&cfg.pipeline, 0);
         gp_device_kind k1 = GP_DEV_CPU, k2 = GP_DEV_CPU;

@@ -100,6 +100,13 @@ typedef struct gp_layer_mem {
                                forward, recompute and backward cost nothing;
                                as a stage's first layer it runs (its times
                                are measured alone either way) */
+    bool ckpt_keep;         /* its type is one a checkpointed forward keeps
+                               (pipeline.checkpoint.keep): with the layers
+                               in place over its output (gp_ckpt_kept) it is
+                               held from the forward to the backward and not
+                               recomputed.  A fact of the run like
+                               bf16_copies (gp_model_profile_facts), not
+                               measured nor saved */
     double flops_per_sample;/* forward FLOPs per sample (layer estimate) */
     double update;          /* seconds: zero grads + SGD update of its params */
 } gp_layer_mem;

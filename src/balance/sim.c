@@ -14,6 +14,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Whether a checkpointed forward of the stage [first, last] keeps layer k
+ * (gp_ckpt_kept's rule on the profile's flags: a layer and the ones in
+ * place after it go together; the stage's first layer runs out of place). */
+static bool kept_at(const gp_profile *p, int first, int last, int k)
+{
+    int h = k, e = k;
+    while (h > first && p->mem[h].inplace) h--;
+    while (e < last && p->mem[e + 1].inplace) e++;
+    for (int q = h; q <= e; q++)
+        if (p->mem[q].ckpt_keep) return true;
+    return false;
+}
+
 gp_stage_times gp_stage_times_of(const gp_profile *p, const gp_layer_times *lt, double loss,
                                  double upload, int j, int n, int first, int count)
 {
@@ -22,7 +35,7 @@ gp_stage_times gp_stage_times_of(const gp_profile *p, const gp_layer_times *lt, 
     for (int k = first; k < first + count; k++) {
         if (p->mem[k].fused && k > first) continue; /* its batch norm's work */
         st.F += lt[k].fwd;
-        st.R += lt[k].recompute;
+        if (!kept_at(p, first, first + count - 1, k)) st.R += lt[k].recompute;
         if (j > 0 || k > ft) {
             st.Bd += lt[k].bwd_data;
             st.W += lt[k].bwd_weights;
@@ -107,6 +120,7 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
     int d = sched->dev_of[j]; /* interleaved, zb-v: the device's list holds other stages too */
     const gp_layer_mem *mm = p->mem;
     double stat = stage_static_bytes(p, first, count), ws = 0, keep = 0, in_max = 0, ck_max = 0;
+    double ck_keep = 0; /* what a checkpointed forward keeps of `keep` (and beyond it) */
     for (int k = first; k <= last; k++) {
         if ((double)mm[k].workspace_bytes > ws) ws = (double)mm[k].workspace_bytes;
         /* a stage's first layer runs out of place: its input is the stage's */
@@ -119,6 +133,15 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
             if (mm[o].unkept) kk += stored(p, o).out;
         }
         keep += kk;
+        if (kept_at(p, first, last, k)) {
+            ck_keep += kk;
+            /* the output no backward reads stays for the recompute of the
+             * layer after its run in place, unless that one is kept too */
+            int o = k;
+            while (o > first && mm[o].inplace) o--;
+            if (k < last && !mm[k + 1].inplace && mm[o].unkept && !kept_at(p, first, last, k + 1))
+                ck_keep += stored(p, o).out;
+        }
         /* (at FP32 bytes: a layer whose activations are stored in bf16
          * widens its input and gradients to FP32 while it runs) */
         if (mm[k].in_per_sample > in_max) in_max = mm[k].in_per_sample;
@@ -201,6 +224,7 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
             if (in_->checkpointed) {
                 /* the output waits for the next stage's copy (packed: h of
                  * it); the last stage keeps only dlogits, in FP32 */
+                cur += ck_keep * s;
                 if (j < n - 1) pending += h * out * s;
                 cur += (j < n - 1 ? h : 1) * out * s;
                 if (pk && j > 0) cur -= in * s; /* held packed until the recompute */
@@ -215,7 +239,7 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
             if (j == n - 1 && in_->checkpointed) t = fmax(t, cur);
             break;
         case GP_INSTR_RECOMPUTE:
-            cur += keep * s;
+            cur += (keep - ck_keep) * s;
             if (pk && j > 0) cur += (1 - h) * in * s; /* widened again */
             break;
         case GP_INSTR_BACKWARD:

@@ -5,6 +5,7 @@
 #include "checkpoint/checkpoint.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 bool gp_ckpt_checkpointed(gp_checkpoint_mode mode, bool backward_next)
@@ -15,6 +16,27 @@ bool gp_ckpt_checkpointed(gp_checkpoint_mode mode, bool backward_next)
     case GP_CKPT_NEVER: return false;
     }
     return false;
+}
+
+void gp_ckpt_kept(const bool *inplace, int count, bool *kept)
+{
+    for (int h = 0, e; h < count; h = e + 1) {
+        bool any = kept[h];
+        for (e = h; e + 1 < count && inplace[e + 1]; e++) any = any || kept[e + 1];
+        for (int c = h; c <= e; c++) kept[c] = any;
+    }
+}
+
+void gp_ckpt_keep_str(gp_ckpt_keep keep, char *buf, size_t len)
+{
+    size_t at = 0;
+    if (len) buf[0] = '\0';
+    for (int t = 0; t < GP_LAYER_TYPE_COUNT && at < len; t++)
+        if (keep >> t & 1u) {
+            int w = snprintf(buf + at, len - at, "%s%s", at ? ", " : "",
+                             gp_layer_type_name((gp_layer_type)t));
+            at += w > 0 ? (size_t)w : 0;
+        }
 }
 
 gp_status gp_stash_init(gp_stash *s, int count, const gp_skip_map *skips, int first)
@@ -28,7 +50,9 @@ gp_status gp_stash_init(gp_stash *s, int count, const gp_skip_map *skips, int fi
     s->inplace = calloc((size_t)count + 1, sizeof *s->inplace);
     s->unkept = calloc((size_t)count + 1, sizeof *s->unkept);
     s->fused = calloc((size_t)count + 1, sizeof *s->fused);
-    bool ok = s->acts && s->grads && s->saved && s->uses && s->inplace && s->unkept && s->fused;
+    s->kept = calloc((size_t)count + 1, sizeof *s->kept);
+    bool ok = s->acts && s->grads && s->saved && s->uses && s->inplace && s->unkept && s->fused &&
+              s->kept;
     if (ok && skips && skips->n > 0) {
         size_t t = (size_t)skips->n;
         s->skips = skips;
@@ -105,6 +129,7 @@ void gp_stash_destroy(gp_stash *s)
     free(s->inplace);
     free(s->unkept);
     free(s->fused);
+    free(s->kept);
     free(s->skip_in);
     free(s->skip_out);
     free(s->skip_dout);
@@ -160,7 +185,33 @@ static void consumed(gp_stash *s, int a, gp_fwd_keep mode)
         if (mode == GP_FWD_NOTHING) gp_tensor_free(&s->in);
         return;
     }
+    if (s->kept[a - 1]) return; /* the stash keeps it for the backward */
     if (--s->uses[a] == 0) gp_tensor_free(&s->acts[a]);
+}
+
+/* Which layers a forward keeps beyond what `mode` says: those of the
+ * stash's policy (gp_ckpt_kept) in a checkpointed forward and its
+ * recompute; none otherwise. */
+static void mark_kept(const gp_layer *layers, gp_fwd_keep mode, bool recompute, gp_stash *s)
+{
+    bool sel = s->keep != 0 && (mode == GP_FWD_INPUT || recompute);
+    for (int c = 0; c < s->count; c++)
+        s->kept[c] = sel && (s->keep >> layers[c].spec.type & 1u);
+    if (sel) gp_ckpt_kept(s->inplace, s->count, s->kept);
+}
+
+/* Layer c has run (or is a kept layer a recompute passes over), keeping:
+ * the memory it read, made by layer o and overwritten in place by o + 1 ..
+ * c - 1, is read by no backward (unkept), so only its shapes stay.  In a
+ * checkpointed forward (`select`) only where o and c are kept: an output
+ * the recompute reads again stays, and the others go by their uses. */
+static void drop_unread(gp_stash *s, int c, bool select)
+{
+    if (c < 1 || s->inplace[c]) return;
+    int o = c - 1;
+    while (o >= 1 && s->inplace[o]) o--;
+    if (!s->unkept[o] || (select && !(s->kept[o] && s->kept[c]))) return;
+    for (int k = o + 1; k <= c; k++) gp_tensor_drop(&s->acts[k]); /* acts[o + 1] owns it */
 }
 
 /* The one forward loop.  recompute: the stage output and the skips that
@@ -176,6 +227,7 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
     gp_layers_unkept(layers, s->count, s->inplace, s->unkept);
     gp_layers_relu_fused(layers, s->count, s->inplace, s->fused);
     gp_layers_norm_leaky(layers, s->count, s->inplace);
+    mark_kept(layers, mode, recompute, s);
     gp_status st = GP_OK;
     /* a residual add's forward also gave the norm after it its output
      * (gp_layers_add_norm): that norm's y and saved statistics */
@@ -183,9 +235,16 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
     gp_saved next_sv = {0};
     bool have_next = false;
     for (int c = 0; c < s->count; c++) {
+        if (recompute && s->kept[c]) { /* as its forward left it */
+            drop_unread(s, c, false);
+            continue;
+        }
         gp_tensor x[1 + GP_MAX_POPS];
         layer_inputs(s, c, &s->acts[c], x);
         gp_tensor y = {0};
+        /* a pair runs as one call only where both are kept or neither
+         * (a GPU's fused epilogue need not give the lone layer's bits) */
+        bool pair_ok = s->kept[c] == s->kept[c + 1 < s->count ? c + 1 : c];
         gp_saved sv = {0};
         bool ip = s->inplace[c];
         if (have_next) {
@@ -194,11 +253,11 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
             next_y = (gp_tensor){0};
             next_sv = (gp_saved){0};
             have_next = false;
-        } else if (gp_layers_add_norm(layers, s->count, c, s->inplace)) {
+        } else if (pair_ok && gp_layers_add_norm(layers, s->count, c, s->inplace)) {
             st = gp_layer_add_norm_forward(&layers[c], &layers[c + 1], ctx, x, &y, &next_y,
                                            &next_sv, &have_next);
             if (st == GP_OK && !have_next) st = gp_layer_forward(&layers[c], ctx, x, &y, &sv);
-        } else if (gp_layers_linear_gelu(layers, s->count, c, s->inplace)) {
+        } else if (pair_ok && gp_layers_linear_gelu(layers, s->count, c, s->inplace)) {
             st = gp_layer_linear_gelu_forward(&layers[c], &layers[c + 1], ctx, x, &y, &next_y,
                                               &have_next);
             if (st == GP_OK && !have_next) st = gp_layer_forward(&layers[c], ctx, x, &y, &sv);
@@ -211,7 +270,8 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
             gp_saved_free(&sv);
             break;
         }
-        if (ip && !keep) { /* y takes over the memory (c >= 1: a layer output) */
+        bool kc = keep || s->kept[c]; /* layer c's output stays for the backward */
+        if (ip && !kc) { /* y takes over the memory (c >= 1: a layer output) */
             GP_ASSERT(s->acts[c].owned);
             y.owned = s->acts[c].owned;
             s->acts[c] = (gp_tensor){0};
@@ -219,24 +279,20 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
         s->acts[c + 1] = y;
         int t = stash_of(s, c);
         gp_skip_role role = t >= 0 ? gp_stash_skip_role(s, t) : GP_SKIP_APART;
-        if (keep) {
-            /* the memory c read, made by layer o and overwritten in place
-             * by o + 1 .. c - 1: unkept, its shapes only */
-            int o = c - 1;
-            while (o >= 1 && s->inplace[o]) o--;
-            if (c >= 1 && !ip && s->unkept[o]) /* acts[o + 1] owns it, the rest view it */
-                for (int k = o + 1; k <= c; k++) gp_tensor_drop(&s->acts[k]);
+        if (kc) {
+            drop_unread(s, c, !keep);
             s->saved[c] = sv;
             if (role == GP_SKIP_LEAVES && !recompute) {
                 s->skip_out[t] = y;
                 s->skip_out[t].owned = false;
             }
-            continue;
+            if (keep) continue;
+        } else {
+            gp_saved_free(&sv);
         }
-        gp_saved_free(&sv);
         /* uses of y: the next layer, and a pop inside the stage */
         s->uses[c + 1] = (c + 1 < s->count) + (role == GP_SKIP_INSIDE);
-        if (role == GP_SKIP_LEAVES) {
+        if (role == GP_SKIP_LEAVES && !kc) {
             if (c + 1 == s->count) { /* also the stage output: a copy of its own */
                 gp_shape ys = gp_tensor_shape(&y);
                 st = gp_tensor_alloc_as(&s->skip_out[t], y.dev, &ys, y.dtype, GP_MEM_ACTIVATIONS);
@@ -266,6 +322,7 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
             gp_stash_drop_acts(s);
         } else {
             for (int c = 1; c <= s->count; c++) gp_tensor_free(&s->acts[c]);
+            for (int c = 0; c < s->count; c++) gp_saved_free(&s->saved[c]);
             for (int t = 0; t < n_skips(s); t++)
                 if (gp_stash_skip_role(s, t) == GP_SKIP_LEAVES) gp_tensor_free(&s->skip_out[t]);
         }
@@ -278,8 +335,9 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
             s->out.owned = false; /* acts[count] owns it */
         }
     } else {
-        s->out = s->acts[s->count]; /* owned */
-        s->acts[s->count] = (gp_tensor){0};
+        s->out = s->acts[s->count]; /* owned, or kept: a view of acts[count] */
+        if (s->count > 0 && s->kept[s->count - 1]) s->out.owned = false;
+        else s->acts[s->count] = (gp_tensor){0};
         s->acts[0] = (gp_tensor){0};
     }
     return GP_OK;

@@ -59,8 +59,29 @@ typedef enum { GP_CKPT_ALWAYS = 0, GP_CKPT_EXCEPT_LAST, GP_CKPT_NEVER } gp_check
  * earlier micro-batch's backward.  Until 2026-11-25 those schedules kept
  * i = m - 1 everywhere: the last stage recomputed m - 1 forwards it had
  * just run, and the others held two micro-batches' activations at once.
- * Per-stage or per-layer policies would be decided here too. */
+ * Which layers a checkpointed forward keeps besides its input is
+ * gp_ckpt_kept's (pipeline.checkpoint.keep). */
 bool gp_ckpt_checkpointed(gp_checkpoint_mode mode, bool backward_next);
+
+/* Selective recompute (issue 79, pipeline.checkpoint: {mode, keep}): a
+ * bit per gp_layer_type, 1 << GP_LAYER_LINEAR | ...: the layer types whose
+ * outputs (and what their forwards save) a checkpointed forward keeps for
+ * the backward, so that the recompute before it runs only the others
+ * (Megatron-LM's and torchtitan's selective activation checkpointing:
+ * keep the products, recompute the norms, activations and element-wise
+ * work).  0: keep nothing but the stage input (torchgpipe's checkpoint). */
+typedef uint32_t gp_ckpt_keep;
+_Static_assert(GP_LAYER_TYPE_COUNT <= 32, "a bit per layer type in gp_ckpt_keep");
+/* kept[c] for the `count` layers of a stage (inplace[c] as
+ * gp_layers_inplace gives them; the first runs out of place whatever
+ * inplace[0] says): on entry whether layer c's type is kept, on return
+ * whether a checkpointed forward keeps layer c's output and saved
+ * tensors: a kept layer keeps with it every layer of its run in place
+ * over one memory (a layer and the ones in place after it), since one
+ * tensor holds their outputs.  The simulator asks the same (balance/sim.c). */
+void gp_ckpt_kept(const bool *inplace, int count, bool *kept);
+/* "linear, attention": the types of `keep`, in gp_layer_type's order. */
+void gp_ckpt_keep_str(gp_ckpt_keep keep, char *buf, size_t len);
 
 /* What one (micro-batch, stage) holds between its forward and backward. */
 typedef struct gp_stash {
@@ -99,6 +120,14 @@ typedef struct gp_stash {
                            (gp_layers_unkept): a kept forward frees it once
                            layer c + 1 has run, keeping its shape in
                            acts[c + 1] (data NULL) for the backwards */
+    gp_ckpt_keep keep;  /* the layer types a checkpointed forward keeps
+                           (set by the owner after gp_stash_init; 0: none) */
+    bool *kept;         /* [count]: gp_ckpt_kept of the stage's layers, set
+                           by each forward.  A checkpointed forward
+                           (GP_FWD_INPUT) leaves acts[c + 1] and saved[c] of
+                           a kept layer as a forward that keeps would (views
+                           included), and the recompute runs only the
+                           others: the same tensors, the same bits */
 } gp_stash;
 
 /* Host arrays for a stage of `count` layers; no device memory.  With
@@ -123,9 +152,11 @@ void gp_stash_drop_acts(gp_stash *s);
 typedef enum {
     GP_FWD_KEEP = 0,   /* every output and gp_saved, for backward; s->out is a
                           view of the last output */
-    GP_FWD_INPUT,      /* checkpointed: only s->in (for the recompute) and
-                          s->out (owned); each intermediate output is freed
-                          once the next layer has consumed it */
+    GP_FWD_INPUT,      /* checkpointed: only s->in (for the recompute),
+                          s->out (owned, or a view of a kept output) and
+                          what the stash's kept layers keep; each other
+                          intermediate output is freed once the layers
+                          that read it have run */
     GP_FWD_NOTHING     /* evaluation: s->in too is freed once consumed; only
                           s->out (owned) remains */
 } gp_fwd_keep;
@@ -139,7 +170,8 @@ gp_status gp_ckpt_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_keep k
                           gp_stash *s, int *bad);
 /* The forward of a checkpointed micro-batch again, from s->in, with ctx
  * (the same as its forward's) marked recompute: keeps everything for
- * backward, leaves s->out alone (it was handed on already). */
+ * backward, leaves s->out alone (it was handed on already).  The layers
+ * the forward kept (s->kept) do not run again. */
 gp_status gp_ckpt_recompute(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s, int *bad);
 /* Backward of a live stash, consuming dy (dL/d out, freed) and the
  * gradients of the skips that leave (s->skip_dout): every layer's

@@ -78,6 +78,9 @@ typedef struct gp_pipeline_config {
     int n_balance;        /* 0 = balance: auto */
     int chunks;           /* micro-batches per mini-batch; default 1 */
     gp_checkpoint_mode checkpoint; /* default except_last */
+    gp_ckpt_keep checkpoint_keep; /* pipeline.checkpoint.keep: the layer types
+                                     a checkpointed forward keeps; 0 (default):
+                                     none, its input only */
     bool lockstep;        /* default true */
     gp_schedule_kind schedule; /* default gpipe */
     int virtual_stages;   /* pipeline.virtual: stages per device; 1, or >= 2

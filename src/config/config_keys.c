@@ -178,7 +178,12 @@ static const gp_cfg_key k_keys[] = {
     K_INT("pipeline.chunks", "1", 1, GP_MAX_CHUNKS, 0,
           "micro-batches per mini-batch, at most train.batch_size"),
     K_ENUM("pipeline.checkpoint", "always, except_last, never", "except_last", 0,
-           "activation recomputation"),
+           "activation recomputation, or {mode: MODE, keep: [TYPE, ...]}"),
+    K_ENUM("pipeline.checkpoint.mode", "always, except_last, never", "except_last", 0,
+           "with checkpoint: {mode, keep}: the mode, as checkpoint: MODE"),
+    K_OTHER("pipeline.checkpoint.keep", "a list of layer types", NULL, 0, 0, 0,
+            "layer types whose outputs a checkpointed forward keeps, so the recompute runs "
+            "only the others (e.g. [linear, attention])"),
     K_BOOL("pipeline.lockstep", "true", 0,
            "copies of clock k wait for every computation before k (false: free-running)"),
     K_ENUM("pipeline.schedule", "gpipe, 1f1b, zb-h1, interleaved, zb-v, dualpipe-v, v-half, v-min",

@@ -281,6 +281,46 @@ static void check_threads(gp_cfg_walk *w, const gp_ynode *m, const gp_ynode *dv,
                     GP_CFG_THREADS_FAR);
 }
 
+/* pipeline.checkpoint: a mode, or {mode: MODE, keep: [TYPE, ...]}: the
+ * layer types (model.layers' names) whose outputs a checkpointed forward
+ * keeps, so the recompute runs only the rest (checkpoint.h, gp_ckpt_kept).
+ * keep with mode never is refused: nothing is recomputed there. */
+static gp_status parse_checkpoint(gp_cfg_walk *w, const gp_ynode *m, gp_pipeline_config *pc)
+{
+    const gp_ynode *cn = gp_ymap_get(m, "checkpoint");
+    int ck = 0;
+    pc->checkpoint_keep = 0;
+    if (gp_cfg_absent(cn) || cn->kind != GP_YNODE_MAP) {
+        GP_TRY(gp_cfg_get_enum(w, m, "pipeline", "checkpoint", k_ckpt_names,
+                               GP_COUNT(k_ckpt_names), GP_CKPT_EXCEPT_LAST, &ck));
+        pc->checkpoint = (gp_checkpoint_mode)ck;
+        return GP_OK;
+    }
+    GP_TRY(gp_cfg_check_keys(w, cn, "pipeline.checkpoint"));
+    GP_TRY(gp_cfg_get_enum(w, cn, "pipeline.checkpoint", "mode", k_ckpt_names,
+                           GP_COUNT(k_ckpt_names), GP_CKPT_EXCEPT_LAST, &ck));
+    pc->checkpoint = (gp_checkpoint_mode)ck;
+    const gp_ynode *kn = gp_ymap_get(cn, "keep");
+    if (gp_cfg_absent(kn)) return GP_OK;
+    if (kn->kind != GP_YNODE_SEQ)
+        return gp_cfg_bad(w, kn, "pipeline.checkpoint.keep: expected a list of layer types, "
+                          "e.g. keep: [linear, attention]");
+    const char *names[GP_LAYER_TYPE_COUNT];
+    for (int t = 0; t < GP_LAYER_TYPE_COUNT; t++) names[t] = gp_layer_type_name((gp_layer_type)t);
+    for (int q = 0; q < kn->n; q++) {
+        char name[48];
+        snprintf(name, sizeof name, "pipeline.checkpoint.keep.%d", q);
+        int t = 0;
+        GP_TRY(gp_cfg_parse_enum(w, kn->items[q], name, names, GP_LAYER_TYPE_COUNT, &t));
+        pc->checkpoint_keep |= 1u << t;
+    }
+    if (pc->checkpoint == GP_CKPT_NEVER && pc->checkpoint_keep)
+        return gp_cfg_bad(w, kn, "pipeline.checkpoint.keep applies to checkpointed "
+                          "micro-batches, and mode never checkpoints none (it keeps every "
+                          "layer's output); use mode: always or except_last, or drop keep");
+    return GP_OK;
+}
+
 /* pipeline.schedule: {file: PATH}: PyTorch's per-rank action CSV, read and
  * checked now (gp_schedule_file_read), its placement and stages taken
  * from it (issue 78). */
@@ -477,10 +517,7 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
                           "micro-batches, over the %d supported; lower chunks to %d or fewer",
                           pc->chunks, pc->replicas, (long long)pc->chunks * pc->replicas,
                           GP_MAX_CHUNKS, GP_MAX_CHUNKS / pc->replicas);
-    int ck = 0;
-    GP_TRY(gp_cfg_get_enum(w, m, "pipeline", "checkpoint", k_ckpt_names, GP_COUNT(k_ckpt_names),
-                           GP_CKPT_EXCEPT_LAST, &ck));
-    pc->checkpoint = (gp_checkpoint_mode)ck;
+    GP_TRY(parse_checkpoint(w, m, pc));
     GP_TRY(gp_cfg_get_bool(w, m, "pipeline", "lockstep", true, &pc->lockstep));
     int cp = 0;
     GP_TRY(gp_cfg_get_enum(w, m, "pipeline", "copy_precision", k_copy_names,

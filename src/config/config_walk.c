@@ -715,7 +715,7 @@ gp_status gp_cfg_parse_enum(const gp_cfg_walk *w, const gp_ynode *n, const char 
             }
         }
     }
-    char list[256], hint[160] = "";
+    char list[512], hint[160] = "";
     gp_cfg_list_names(names, count, list, sizeof list);
     if (n->kind == GP_YNODE_SCALAR) {
         gp_cfg_nearest(n->text, names, count, hint, sizeof hint);

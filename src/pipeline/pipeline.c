@@ -2283,9 +2283,11 @@ static gp_status prepare(gp_pipeline *p, int m)
               p->skipg_copied && p->clock_done &&
               p->clock_expected && p->mb && p->events && p->copy_pending &&
               (!p->opts.bf16_copies || (p->packed && p->staged));
-    for (size_t q = 0; ok && q < cells; q++)
+    for (size_t q = 0; ok && q < cells; q++) {
         ok = gp_stash_init(&p->mb[q].stash, p->count[q % (size_t)p->S], p->opts.skips,
                            p->first[q % (size_t)p->S]) == GP_OK;
+        p->mb[q].stash.keep = p->opts.ckpt_keep;
+    }
     for (int j = 0; ok && j < p->n; j++) {
         /* a copy records two events (wait, copy) */
         p->workers[j].cap_events = 2 * p->sched.count[j];

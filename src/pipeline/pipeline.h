@@ -65,6 +65,8 @@ typedef struct gp_event_rec {
 typedef struct gp_pipeline_opts {
     int chunks;                 /* micro-batches per step (m) */
     gp_checkpoint_mode checkpoint;
+    gp_ckpt_keep ckpt_keep;     /* the layer types a checkpointed forward
+                                   keeps (gp_ckpt_kept; 0: its input only) */
     gp_schedule_kind schedule;  /* GPipe's fill-drain (default), 1F1B, ZB-H1,
                                    interleaved */
     int virtual_stages;         /* interleaved: stages per device (v >= 2) */

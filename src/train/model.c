@@ -261,6 +261,7 @@ gp_pipeline_opts gp_model_pipeline_opts(const gp_model *m, const gp_config *cfg)
 {
     return (gp_pipeline_opts){.chunks = cfg->pipeline.chunks, .skips = &m->skips,
                               .checkpoint = cfg->pipeline.checkpoint,
+                              .ckpt_keep = cfg->pipeline.checkpoint_keep,
                               .schedule = cfg->pipeline.schedule,
                               .virtual_stages = gp_model_virtual(cfg),
                               .schedule_file = cfg->pipeline.schedule_file,
@@ -391,14 +392,21 @@ static void model_profile_opts(const gp_config *cfg, const gp_model_profile_opts
     *out = po;
 }
 
+void gp_model_profile_facts(const gp_config *cfg, gp_profile *p)
+{
+    p->bf16_copies = gp_config_bf16_copies(cfg);
+    p->act_dtype = (int)gp_config_act_dtype(cfg);
+    p->optim_shards = gp_model_optim_shards(cfg);
+    for (int k = 0; p->mem && k < p->L && k < cfg->model.n_layers; k++)
+        p->mem[k].ckpt_keep = cfg->pipeline.checkpoint_keep >> cfg->model.layers[k].type & 1u;
+}
+
 gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o, gp_profile *out)
 {
     gp_profile_opts po;
     model_profile_opts(cfg, o, &po);
     GP_TRY(gp_profile_run(cfg->model.layers, cfg->model.n_layers, cfg->model.input, &po, out));
-    out->bf16_copies = gp_config_bf16_copies(cfg);
-    out->act_dtype = (int)gp_config_act_dtype(cfg);
-    out->optim_shards = gp_model_optim_shards(cfg);
+    gp_model_profile_facts(cfg, out);
     return GP_OK;
 }
 
@@ -409,9 +417,7 @@ gp_status gp_model_profile_estimate(const gp_config *cfg, gp_device *dev, gp_pro
     model_profile_opts(cfg, &mo, &po);
     GP_TRY(gp_profile_estimate(cfg->model.layers, cfg->model.n_layers, cfg->model.input, &po,
                                dev, out));
-    out->bf16_copies = gp_config_bf16_copies(cfg);
-    out->act_dtype = (int)gp_config_act_dtype(cfg);
-    out->optim_shards = gp_model_optim_shards(cfg);
+    gp_model_profile_facts(cfg, out);
     return GP_OK;
 }
 
@@ -582,9 +588,7 @@ static gp_status cached_profile(const gp_config *cfg, const gp_profile_opts *po,
         gp_profile_free(prof);
         return s;
     }
-    prof->bf16_copies = gp_config_bf16_copies(cfg);
-    prof->act_dtype = (int)gp_config_act_dtype(cfg);
-    prof->optim_shards = gp_model_optim_shards(cfg);
+    gp_model_profile_facts(cfg, prof);
     return GP_OK;
 }
 

@@ -110,14 +110,16 @@ static double most_grad_bytes(const gp_profile *p, const gp_schedule_kind kind, 
 /* One candidate layout planned and simulated into *lt; false (with the
  * reason counted) where it does not fit or cannot be made. */
 static bool plan_one(const gp_config *cfg, const gp_profile *base, int N, int n,
-                     gp_schedule_kind kind, int m, gp_checkpoint_mode ck, double capacity,
-                     double link_bw, gp_plan_result *res, gp_layout *lt)
+                     gp_schedule_kind kind, int m, gp_checkpoint_mode ck, gp_ckpt_keep keep,
+                     double capacity, double link_bw, gp_plan_result *res, gp_layout *lt)
 {
     int64_t B = cfg->train.batch_size;
     int R = N / n, v = gp_schedule_stages_per_device(kind, 2), S = n * v;
     gp_profile p = *base; /* (a shallow copy: the replica's batch and state split) */
     p.batch = (B + R - 1) / R;
     p.optim_shards = R;
+    for (int k = 0; k < p.L; k++) /* (the layers' flags: this candidate's keep) */
+        p.mem[k].ckpt_keep = keep >> cfg->model.layers[k].type & 1u;
     /* the plan's options as a run of this layout takes them, free-running,
      * split by time alone and its memory checked after: the memory-bound
      * split walks a stage's schedule for every (stage, first, count), too
@@ -130,6 +132,7 @@ static bool plan_one(const gp_config *cfg, const gp_profile *base, int N, int n,
     pc->schedule = kind;
     pc->chunks = m;
     pc->checkpoint = ck;
+    pc->checkpoint_keep = keep;
     pc->lockstep = false;
     pc->memory = 0;
     for (int d = 0; d < n; d++) pc->devices[d].memory = 0;
@@ -161,6 +164,7 @@ static bool plan_one(const gp_config *cfg, const gp_profile *base, int N, int n,
     lt->virtual_stages = v;
     lt->m = m;
     lt->checkpoint = ck;
+    lt->keep = keep;
     memcpy(lt->balance, bal, (size_t)S * sizeof *bal);
     lt->reduce = R > 1 ? 2.0 * (R - 1) / R * most_grad_bytes(&p, kind, n, v, bal) / link_bw : 0;
     lt->step = sim.step + lt->reduce;
@@ -168,6 +172,18 @@ static bool plan_one(const gp_config *cfg, const gp_profile *base, int N, int n,
     lt->samples_per_s = (double)B / lt->step;
     lt->peak = gp_sim_peak(&sim);
     return true;
+}
+
+/* The selective recompute the planner weighs beside the modes: the
+ * config's pipeline.checkpoint.keep, else Megatron-LM's choice (the
+ * products' and attention's outputs kept) where the model has both; 0:
+ * none. */
+static gp_ckpt_keep plan_keep_of(const gp_config *cfg)
+{
+    if (cfg->pipeline.checkpoint_keep) return cfg->pipeline.checkpoint_keep;
+    gp_ckpt_keep has = 0, want = 1u << GP_LAYER_LINEAR | 1u << GP_LAYER_ATTENTION;
+    for (int k = 0; k < cfg->model.n_layers; k++) has |= 1u << cfg->model.layers[k].type;
+    return (has & want) == want ? want : 0;
 }
 
 static int by_throughput(const void *a, const void *b)
@@ -208,11 +224,11 @@ gp_status gp_plan_layouts(const gp_config *cfg, const gp_plan_request *rq, gp_pl
         GP_TRY(gp_model_profile(&c, &mo, &prof));
         /* (measured whole: each replica's share is set per layout) */
     }
-    prof.bf16_copies = gp_config_bf16_copies(cfg);
-    prof.act_dtype = (int)gp_config_act_dtype(cfg);
+    gp_model_profile_facts(cfg, &prof); /* (the optimizer's shards: per layout) */
     double capacity = rq->memory > 0 ? rq->memory : (double)cfg->pipeline.memory;
     if (capacity <= 0 && rq->gpu) capacity = strcmp(rq->gpu, "h200") ? 80e9 : 141e9;
     double link = rq->gpu ? 360e9 : host_copy_bw() / 3.0; /* (a reduction: ~3 passes) */
+    gp_ckpt_keep plan_keep = plan_keep_of(cfg);
     int cap = 0;
     for (int n = 1; n <= N && n <= L; n++) {
         if (N % n) continue;
@@ -226,7 +242,10 @@ gp_status gp_plan_layouts(const gp_config *cfg, const gp_plan_request *rq, gp_pl
              * layers) */
             if (gp_schedule_v_shape(kind) && (n > 8 || L > 128)) continue;
             for (int m = 1; m <= MAX_M; m *= 2)
-                for (int ck = 0; ck < 3; ck++) {
+                for (int cq = 0; cq < 5; cq++) { /* the modes, then always and except_last keeping */
+                    gp_checkpoint_mode ck = (gp_checkpoint_mode)(cq % 3);
+                    gp_ckpt_keep keep = cq < 3 ? 0 : plan_keep;
+                    if (cq >= 3 && !keep) continue;
                     out->considered++;
                     if ((int64_t)m * R > B) { out->no_batch++; continue; }
                     if (n * v > L || (kind == GP_SCHEDULE_INTERLEAVED && m % n)) {
@@ -244,8 +263,8 @@ gp_status gp_plan_layouts(const gp_config *cfg, const gp_plan_request *rq, gp_pl
                         out->layouts = nl;
                         cap = nc;
                     }
-                    if (plan_one(cfg, &prof, N, n, kind, m, (gp_checkpoint_mode)ck, capacity,
-                                 link, out, &out->layouts[out->n_layouts]))
+                    if (plan_one(cfg, &prof, N, n, kind, m, ck, keep, capacity, link, out,
+                                 &out->layouts[out->n_layouts]))
                         out->n_layouts++;
                 }
         }

@@ -225,6 +225,11 @@ gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
                            struct gp_profile *out);
 /* The memory columns of cfg's model from its shapes alone
  * (gp_profile_estimate; dev optional): nothing opened or run. */
+/* The facts of the run a profile does not measure nor save, from cfg:
+ * bf16 copies, the activations' storage, the optimizer's shards and the
+ * layers a checkpointed forward keeps (balance.h).  gp_model_profile and
+ * gp_model_profile_estimate set them; set them again on a loaded profile. */
+void gp_model_profile_facts(const gp_config *cfg, struct gp_profile *p);
 gp_status gp_model_profile_estimate(const gp_config *cfg, struct gp_device *dev,
                                     struct gp_profile *out);
 /* balance: auto's cached profile of cfg's model, batch, device and build
@@ -492,6 +497,7 @@ typedef struct gp_layout {
     int virtual_stages;       /* stages a device (interleaved and zb-v 2) */
     int m;                    /* micro-batches of a replica's batch */
     gp_checkpoint_mode checkpoint;
+    gp_ckpt_keep keep;        /* pipeline.checkpoint.keep (0: the input only) */
     int balance[GP_MAX_DEVICES]; /* layers per stage (devices x virtual) */
     double step;              /* predicted seconds a step, the reduction included */
     double reduce;            /* of it, the replicas' gradient reduction */

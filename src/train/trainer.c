@@ -2581,6 +2581,52 @@ static int summary_name_width(const gp_model *m)
     return wl;
 }
 
+/* Selective recompute (pipeline.checkpoint.keep): what a checkpointed
+ * micro-batch of stage [f0, f0 + count) holds for the backward besides its
+ * input, of what a forward that keeps everything holds, and how much of
+ * the forward its recompute runs again (gp_ckpt_kept; checkpoint.h).  The
+ * batch's bytes and FLOPs, as the table's columns. */
+static void summary_keep_line(const gp_config *cfg, gp_model *m, FILE *f, int f0, int count,
+                              const bool *inplace, const bool *unkept)
+{
+    if (!cfg->pipeline.checkpoint_keep || cfg->pipeline.checkpoint == GP_CKPT_NEVER) return;
+    bool *kept = calloc((size_t)count + 1, sizeof *kept);
+    if (!kept) return;
+    int64_t b = cfg->train.batch_size;
+    for (int c = 0; c < count; c++)
+        kept[c] = cfg->pipeline.checkpoint_keep >> m->layers[f0 + c].spec.type & 1u;
+    gp_ckpt_kept(inplace + f0, count, kept);
+    double held = 0, all = 0, rfl = 0, fl = 0;
+    for (int c = 0; c < count; c++) {
+        gp_layer *l = &m->layers[f0 + c];
+        double out = (double)gp_shape_numel(&l->out_shape) * (double)b *
+                     (double)gp_dtype_size(l->out_dtype);
+        double act = (!inplace[f0 + c] && !unkept[f0 + c] ? out : 0.0) +
+                     (l->ops->saved_bytes ? (double)l->ops->saved_bytes(l, b) : 0.0);
+        double lf = l->ops->flops(l, b);
+        all += act;
+        fl += lf;
+        if (!kept[c]) {
+            rfl += lf;
+            continue;
+        }
+        held += act;
+        /* an output no backward reads stays for the recompute of the layer
+         * after its run in place, unless that one is kept too */
+        int o = c;
+        while (o > 0 && inplace[f0 + o]) o--;
+        if (c + 1 < count && !inplace[f0 + c + 1] && unkept[f0 + o] && !kept[c + 1])
+            held += (double)gp_shape_numel(&m->layers[f0 + o].out_shape) * (double)b *
+                    (double)gp_dtype_size(m->layers[f0 + o].out_dtype);
+    }
+    char hb[32], ab[32];
+    fprintf(f, "      checkpointed, it keeps %s of the %s for the backward and recomputes "
+               "%.1f of %.1f MFLOP (pipeline.checkpoint.keep)\n",
+            gp_format_bytes((size_t)held, hb, sizeof hb), gp_format_bytes((size_t)all, ab, sizeof ab),
+            rfl / 1e6, fl / 1e6);
+    free(kept);
+}
+
 /* The table: a row per layer, and with several devices a line per stage;
  * the whole model's sums into *tot. */
 static gp_status summary_layers(const gp_config *cfg, gp_model *m, FILE *f, summary_sums *tot)
@@ -2642,12 +2688,14 @@ static gp_status summary_layers(const gp_config *cfg, gp_model *m, FILE *f, summ
                                         (size_t)sg_tied * 2 * sizeof(float), mb, sizeof mb),
                     state_words(cfg, true),
                     gp_format_bytes((size_t)sg.act, ab, sizeof ab));
+            summary_keep_line(cfg, m, f, first, m->balance[stage], inplace, unkept);
             stage++;
             first = k + 1;
             sg = (summary_sums){0};
             sg_tied = 0;
         }
     }
+    if (n == 1) summary_keep_line(cfg, m, f, 0, m->n_layers, inplace, unkept);
     free(inplace); /* and unkept, fused */
     return GP_OK;
 }
@@ -2773,8 +2821,13 @@ static void summary_pipeline(const gp_config *cfg, FILE *f)
                  "replica's share of the batch is %lld)", R, total, all,
                  (long long)(cfg->train.batch_size / R));
     }
-    fprintf(f, "pipeline: %d device(s)%s, chunks %d, checkpoint %s, %s%s%s\n", n, reps,
-            pc->chunks, gp_checkpoint_mode_name(pc->checkpoint),
+    char keep[256] = "";
+    if (pc->checkpoint_keep && pc->checkpoint != GP_CKPT_NEVER) {
+        snprintf(keep, sizeof keep, " keeping ");
+        gp_ckpt_keep_str(pc->checkpoint_keep, keep + strlen(keep), sizeof keep - strlen(keep));
+    }
+    fprintf(f, "pipeline: %d device(s)%s, chunks %d, checkpoint %s%s, %s%s%s\n", n, reps,
+            pc->chunks, gp_checkpoint_mode_name(pc->checkpoint), keep,
             pc->lockstep ? "lockstep" : "free-running",
             n > 1 && gp_config_bf16_copies(cfg) ? ", copies in bf16" : "",
             gp_config_act_dtype(cfg) == GP_BF16 ? ", activations in bf16" : "");
