@@ -82,6 +82,22 @@ def main():
               "2 stages, 1f1b, m 4: always / always+keep / never: %s" % (trio,))
         check("(+keep: a checkpointed micro-batch keeps the outputs of linear, attention" in out,
               "the +keep legend: %s" % out[-600:])
+        # --pick K writes the K-th layout of the list (bench/plan_check.py runs each)
+        third = os.path.join(tmp, "third.yaml")
+        rc, out = run("gpipe-balance", [gpt2, "--plan", "8", "--gpu", "h100", "--write", third,
+                                        "--pick", "3"], tmp)
+        text = open(third).read() if os.path.exists(third) else ""
+        r3 = layouts(out)[2] if len(layouts(out)) > 2 else None
+        ck3 = r3 and ("checkpoint: {mode: %s, keep: [linear, attention]}" % r3[4][:-5]
+                      if r3[4].endswith("+keep") else "checkpoint: %s" % r3[4])
+        check(rc == 0 and "wrote %s: layout 3" % third in out and r3 and
+              "chunks: %d\n" % r3[3] in text and ck3 in text and
+              ("replicas: %d" % r3[1] in text) == (r3[1] > 1),
+              "--pick 3: exit %d, row %s: %s" % (rc, r3, text[-300:]))
+        rc, out = run("gpipe-balance", [gpt2, "--plan", "8", "--gpu", "h100", "--write", third,
+                                        "--pick", "4000"], tmp)
+        check(rc == 2 and "--pick 4000: the plan has" in out, "--pick past the list: exit %d: %s"
+              % (rc, out[-300:]))
         # half the memory: fewer fit; 1 MiB: none
         rc2, out2 = run("gpipe-balance", [gpt2, "--plan", "8", "--gpu", "h100", "--memory",
                                           "2GiB"], tmp)
@@ -131,7 +147,8 @@ def main():
         for args, want in ((["--gpu", "h100"], "give --plan N"),
                            (["--memory", "1GiB"], "give --plan N"),
                            (["--plan", "2", "--simulate"], "drop --simulate"),
-                           (["--plan", "2", "--gpu", "a100"], "expected h100 or h200")):
+                           (["--plan", "2", "--gpu", "a100"], "expected h100 or h200"),
+                           (["--plan", "2", "--pick", "2"], "give --plan N and --write")):
             rc, out = run("gpipe-balance", [cfg] + args, tmp)
             check(rc == 2 and want in out, "%s: exit %d: %s" % (args, rc, out[-300:]))
     finally:

@@ -320,9 +320,10 @@ static const char *k_llama =
  * one of them is kept, RoPE in place over a kept or recomputed product,
  * the tied head), checkpoint always and except_last, on GPipe, 1F1B, ZB-H1
  * and ZB-V, keeping the products and attention (Megatron-LM's choice), the
- * cheap layers instead, or every type: every step's loss, the first step's
- * gradients and the parameters after three steps bit for bit one device's.
- * Under a sanitizer fewer combinations. */
+ * cheap layers instead, or every type, and on 2 stages with activations
+ * stored in bf16 too: every step's loss, the first step's gradients and
+ * the parameters after three steps bit for bit one device's.  Under a
+ * sanitizer fewer combinations. */
 static void test_selective_transparency(gp_device **devs)
 {
     const gp_ckpt_keep keeps[] = {
@@ -344,13 +345,15 @@ static void test_selective_transparency(gp_device **devs)
         for (int n = 2; n <= 3; n++)
             for (size_t sk = 0; sk < sizeof kinds / sizeof *kinds; sk++)
                 for (size_t q = 0; q < sizeof keeps / sizeof *keeps; q++)
-                    for (int ck = 0; ck < 2; ck++) {
-                        if (san && (n == 3 || ck == 1)) continue;
-                        transparency_one(devs, models[mo], n, kinds[sk], ck, 0, keeps[q]);
-                        runs++;
-                    }
+                    for (int ck = 0; ck < 2; ck++)
+                        for (int bf = 0; bf < 2; bf++) { /* bf16 activations: 2 stages, always */
+                            if ((san && (n == 3 || ck == 1)) || (bf && (n == 3 || ck == 1)))
+                                continue;
+                            transparency_one(devs, models[mo], n, kinds[sk], ck, bf, keeps[q]);
+                            runs++;
+                        }
     }
-    CHECK(runs == (san ? 24 : 96));
+    CHECK(runs == (san ? 48 : 120));
     g_head = 6;
 }
 

@@ -66,6 +66,8 @@ static void usage(FILE *f)
           "                     --memory), timed by the roofline, no GPU needed\n"
           "  --memory SIZE      with --plan: each device's memory (e.g. 80GB)\n"
           "  --top K            with --plan: list K layouts (default 10)\n"
+          "  --pick K           with --plan and --write: write layout K of the list\n"
+          "                     instead of the first (bench/plan_check.py runs each)\n"
           "  --profile-out F    save the profile as JSON\n"
           "  --profile-in F     use a saved profile instead of profiling\n"
           "  --reps R           timed runs per measurement, median taken (default 5;\n"
@@ -315,7 +317,7 @@ static void print_word(const char *w)
 static const char *const k_valued[] = {"--devices", "--chunks", "--by", "--write",
                                        "--profile-out", "--profile-in", "--set", "--reps",
                                        "--write-schedule", "--plan", "--gpu", "--memory",
-                                       "--top"};
+                                       "--top", "--pick"};
 
 /* Argument a as an option taking a value: its name into opt ("--devices"),
  * and its value when written "--devices=4" (else NULL: the next argument,
@@ -413,8 +415,8 @@ static void print_balance(const char *title, const gp_profile *p, const gp_plan_
 
 /* --plan N: every layout of N devices, ranked (gp_plan_layouts); the best
  * `top` printed with what was ruled out and why; --write the first. */
-static int run_plan(gp_config *cfg, int N, const char *gpu, double memory, int top, int reps,
-                    const char *write_path, bool say)
+static int run_plan(gp_config *cfg, int N, const char *gpu, double memory, int top, int pick,
+                    int reps, const char *write_path, bool say)
 {
     gp_plan_request rq = {.devices = N, .gpu = gpu, .memory = memory, .reps = reps, .say = say};
     gp_plan_result r;
@@ -465,8 +467,14 @@ static int run_plan(gp_config *cfg, int N, const char *gpu, double memory, int t
         return EXIT_USAGE; /* (2: as an infeasible balance, --help) */
     }
     int rc = EXIT_OK;
-    if (write_path) { /* the best as a config */
-        const gp_layout *b = &r.layouts[0];
+    if (write_path && pick > r.n_layouts) {
+        fprintf(stderr, "gpipe-balance: --pick %d: the plan has %d layout%s; pick 1 to %d\n",
+                pick, r.n_layouts, r.n_layouts == 1 ? "" : "s", r.n_layouts);
+        gp_plan_result_free(&r);
+        return EXIT_USAGE;
+    }
+    if (write_path) { /* the best (or --pick's) as a config */
+        const gp_layout *b = &r.layouts[pick > 0 ? pick - 1 : 0];
         gp_pipeline_config *pc = &cfg->pipeline;
         pc->n_devices = b->devices;
         pc->replicas = b->replicas;
@@ -489,7 +497,7 @@ static int run_plan(gp_config *cfg, int N, const char *gpu, double memory, int t
             fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());
             rc = gp_status_exit_code(ws);
         } else {
-            printf("wrote %s: layout 1\n", write_path);
+            printf("wrote %s: layout %d\n", write_path, pick > 0 ? pick : 1);
         }
     }
     gp_plan_result_free(&r);
@@ -500,7 +508,7 @@ int main(int argc, char **argv)
 {
     const char *config = NULL, *write_path = NULL, *prof_out = NULL, *prof_in = NULL;
     const char *sched_out = NULL;
-    int devices = 0, chunks = 0, simulate = 0, reps = 5, plan = 0, top = 10;
+    int devices = 0, chunks = 0, simulate = 0, reps = 5, plan = 0, top = 10, plan_pick = 0;
     const char *gpu = NULL;
     double plan_memory = 0;
     gp_balance_by by = GP_BALANCE_BY_TIME;
@@ -532,7 +540,8 @@ int main(int argc, char **argv)
                    !strcmp(a, "--write") || !strcmp(a, "--profile-out") ||
                    !strcmp(a, "--profile-in") || !strcmp(a, "--set") || !strcmp(a, "--reps") ||
                    !strcmp(a, "--write-schedule") || !strcmp(a, "--plan") ||
-                   !strcmp(a, "--gpu") || !strcmp(a, "--memory") || !strcmp(a, "--top")) {
+                   !strcmp(a, "--gpu") || !strcmp(a, "--memory") || !strcmp(a, "--top") ||
+                   !strcmp(a, "--pick")) {
             if (!inline_v && i + 1 >= argc) {
                 fprintf(stderr, "gpipe-balance: %s needs a value; see --help\n", a);
                 free(sets);
@@ -548,7 +557,7 @@ int main(int argc, char **argv)
             set_value_at = !strcmp(a, "--set") && !inline_v ? i : -1;
             char *end = NULL;
             if (!strcmp(a, "--devices") || !strcmp(a, "--chunks") || !strcmp(a, "--reps") ||
-                !strcmp(a, "--plan") || !strcmp(a, "--top")) {
+                !strcmp(a, "--plan") || !strcmp(a, "--top") || !strcmp(a, "--pick")) {
                 /* the most devices in a pipeline, micro-batches in a step,
                  * timed runs (more would take hours for nothing) */
                 long most = !strcmp(a, "--devices") || !strcmp(a, "--plan") ? GP_MAX_DEVICES
@@ -556,7 +565,8 @@ int main(int argc, char **argv)
                 const char *what = !strcmp(a, "--devices") ? "the most devices a pipeline has"
                                    : !strcmp(a, "--plan")      ? "the most devices a run has"
                                    : !strcmp(a, "--chunks") ? "the most micro-batches a step has"
-                                   : !strcmp(a, "--top")    ? "the most layouts listed"
+                                   : !strcmp(a, "--top") || !strcmp(a, "--pick")
+                                       ? "the most layouts listed"
                                                             : "the most timed runs per measurement";
                 errno = 0;
                 long x = strtol(v, &end, 10);
@@ -570,6 +580,7 @@ int main(int argc, char **argv)
                 else if (!strcmp(a, "--chunks")) chunks = (int)x;
                 else if (!strcmp(a, "--plan")) plan = (int)x;
                 else if (!strcmp(a, "--top")) top = (int)x;
+                else if (!strcmp(a, "--pick")) plan_pick = (int)x;
                 else reps = (int)x;
             } else if (!strcmp(a, "--by")) {
                 if (!gp_balance_by_parse(v, &by)) {
@@ -627,6 +638,12 @@ int main(int argc, char **argv)
     if ((gpu || plan_memory > 0) && !plan) {
         fprintf(stderr, "gpipe-balance: --gpu and --memory plan a run: give --plan N (the "
                 "devices to lay out)\n");
+        free(sets);
+        return EXIT_USAGE;
+    }
+    if (plan_pick && (!plan || !write_path)) {
+        fprintf(stderr, "gpipe-balance: --pick K writes the K-th layout of a plan: give --plan N "
+                "and --write OUT.yaml\n");
         free(sets);
         return EXIT_USAGE;
     }
@@ -715,7 +732,8 @@ int main(int argc, char **argv)
         return gp_status_exit_code(s);
     }
     if (plan) {
-        int rc = run_plan(&cfg, plan, gpu, plan_memory, top, reps, write_path, !quiet && notes);
+        int rc = run_plan(&cfg, plan, gpu, plan_memory, top, plan_pick, reps, write_path,
+                          !quiet && notes);
         gp_config_free(&cfg);
         free(sets);
         return rc;
