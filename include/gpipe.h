@@ -31,8 +31,7 @@
  * mpirun or srun as several processes each trains its own copy (a sweep;
  * give each process its own output paths), and the first gp_run_prepare
  * or gp_run_train_ex warns that the run does not span them; stages in
- * separate processes are gpipe-train's (README, "Stages in separate
- * processes (mpirun)").
+ * separate processes are gpipe-train's (docs/processes.md).
  */
 #ifndef GPIPE_H
 #define GPIPE_H
@@ -174,7 +173,7 @@ gp_status gp_run_train(gp_run *run, const char *metrics_path, gp_metrics *out);
  * struct is the same (the trace steps count only with a trace_path). */
 typedef struct gp_train_options {
     const char *metrics_path;   /* JSON Lines, one object per step and per
-                                   evaluation (README "Training"); NULL: none */
+                                   evaluation (docs/timelines-and-metrics.md); NULL: none */
     const char *trace_path;     /* Chrome-trace JSON timeline; NULL: none */
     int64_t trace_first;        /* the steps it records, 0-based, from ... */
     int64_t trace_last;         /* ... to (inclusive); < 0: to the end */
@@ -262,8 +261,7 @@ int64_t gp_decoder_capacity(const gp_decoder *dec);
 gp_status gp_decoder_rewind(gp_decoder *dec, int64_t length);
 void gp_decoder_free(gp_decoder *dec);
 /* Write the weights of the run's model (as for gp_run_evaluate) to `path` as a
- * safetensors file (PyTorch's state_dict names; README "Snapshots and
- * weights"), readable by model.init_from and safetensors' loaders. */
+ * safetensors file (PyTorch's state_dict names; docs/snapshots-and-weights.md), readable by model.init_from and safetensors' loaders. */
 gp_status gp_run_export_weights(gp_run *run, const char *path);
 /* What a caller needs to size its batches and report on the run, from the
  * config alone (shapes only: no device is opened, nothing is trained), or

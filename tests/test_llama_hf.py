@@ -208,7 +208,7 @@ def main():
         for tie, shards in ((True, None), (False, "40000")):
             out_dir = os.path.join(d, "export-%s" % ("tied" if tie else "untied"))
             start = os.path.join(d, "whole-tied" if tie else "sharded-untied-bf16")
-            # the fine-tune workflow (README, "Llama"): a schedule, snapshots
+            # the fine-tune workflow (docs/language-models.md): a schedule, snapshots
             # kept, the folder written at the end
             y = config(data, start, tie, 2).replace(
                 "train: {steps: 1,", "train: {steps: 20, eval_batch_size: 4,").replace(

@@ -270,7 +270,7 @@ def token_files(tmp):
 
 
 def tied(tmp):
-    """Tied weights across processes (README "Tied weights"): the LM head
+    """Tied weights across processes (docs/language-models.md): the LM head
     on the last rank shares the embedding's wte.weight on rank 0, its
     gradient sent to rank 0 and the updated weight sent back each step;
     a snapshot stores it once and resumes in the other layout."""

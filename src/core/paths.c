@@ -293,7 +293,7 @@ gp_status gp_env_bytes(const char *name, int64_t def, int64_t lo, int64_t hi, in
 
 /* The GPIPE_* variables whose values are words (lo > hi: `words` lists
  * them, "|" between) or numbers in [lo, hi] (bytes: a unit may follow),
- * each where its feature is documented (README, "Environment variables"). */
+ * each where its feature is documented (docs/configs.md, "Environment variables"). */
 static const struct env_rule {
     const char *name, *words;
     int64_t lo, hi;
@@ -354,7 +354,7 @@ gp_status gp_env_check(void)
             }
             list[at] = '\0';
             return gp_error_set(GP_ERR_INVALID, "environment variable %s='%s': not one of %s; "
-                                "unset it, or give one of them (README, \"Environment "
+                                "unset it, or give one of them (docs/configs.md, \"Environment "
                                 "variables\")", r->name, v, list);
         }
     }

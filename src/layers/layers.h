@@ -129,7 +129,7 @@ typedef struct gp_layer_spec {
                              (GPT-2's LM head tied to the embedding's
                              wte.weight: `tie: transformer`); "" if none.
                              One parameter, wherever the two layers'
-                             stages are (README, "Tied weights") */
+                             stages are (docs/language-models.md) */
     int line, column;     /* where the config defined it (0 if not from YAML) */
     char file[128];       /* config file it came from, for messages; "" if none */
     char set[96];         /* the --set that made or changed it ("model.layers.3.padding=2"),

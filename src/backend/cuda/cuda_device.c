@@ -30,7 +30,7 @@
  * completed.
  *
  * Compiled and linked in CI; test_cuda ran on an H100 (2026-11-24).  See
- * README.md, "GPUs".
+ * docs/gpus.md.
  */
 #include "backend/cuda/cuda_impl.h"
 

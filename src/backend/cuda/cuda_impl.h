@@ -13,7 +13,7 @@
  *
  * CI compiles and links this backend (no GPU there); test_cuda ran on an
  * H100 on 2026-11-23 and 2026-11-24 (bench/README.md, "GPU").  See
- * README.md, "GPUs".
+ * docs/gpus.md.
  */
 #ifndef GP_CUDA_IMPL_H
 #define GP_CUDA_IMPL_H
