@@ -67,6 +67,9 @@ def main():
         check(rc == 0 and len(rows) >= 5, "gpt2 on 8 H100s: exit %d, %d layouts: %s"
               % (rc, len(rows), out[-800:]))
         check(all(n * r == 8 for n, r, *_ in rows), "every layout uses the 8 devices")
+        kinds = set(x[2] for x in rows)
+        check({"gpipe", "1f1b", "zb-h1", "interleaved", "zb-v", "dualpipe-v", "v-half",
+               "v-min"} <= kinds, "every schedule planned: %s" % sorted(kinds))
         check(all(a[6] >= b[6] for a, b in zip(rows, rows[1:])), "fastest first")
         check(all(p <= 80e9 for *_, p in rows), "every layout within 80 GB a device")
         check(head is not None and ruled is not None and head[0] == head[1] + sum(ruled),
