@@ -146,6 +146,20 @@ def main():
             rc, tout = run("gpipe-train", [kept, "--dry-run"], tmp)
             check(rc == 0 and "checkpoint always keeping conv2d" in tout,
                   "the written config keeps conv2d: exit %d: %s" % (rc, tout[-400:]))
+        # --simulate names the kept modes and keeps the map in its advice
+        llama = os.path.join(SRC, "configs", "llama-tiny.yaml")
+        rc, out = run("gpipe-balance", [llama, "--simulate", "--reps", "1", "-q", "--set",
+                                        "data.dataset=synthetic", "--set",
+                                        "data.synthetic={train: 64, test: 16, classes: 256, "
+                                        "shape: [128]}", "--set", "pipeline.memory=12MiB",
+                                        "--set", "pipeline.checkpoint={mode: always, keep: "
+                                        "[linear, attention]}"], tmp)
+        hint = re.search(r"--set 'pipeline.checkpoint=\{mode: (\w+), keep: \[linear, "
+                         r"attention\]\}'", out)
+        check(rc == 0 and re.search(r"^1f1b\s+always\+keep\s", out, re.M) and
+              re.search(r"^1f1b\s+never\s", out, re.M) and
+              (hint is not None or "recommended: schedule 1f1b, checkpoint never" in out),
+              "--simulate with keep: exit %d: %s" % (rc, out[-700:]))
         # refused combinations
         for args, want in ((["--gpu", "h100"], "give --plan N"),
                            (["--memory", "1GiB"], "give --plan N"),

@@ -313,6 +313,16 @@ static void print_word(const char *w)
     putchar('\'');
 }
 
+/* A checkpoint mode as --simulate's table names it: "always+keep" where
+ * the config keeps layer types (pipeline.checkpoint.keep) and the mode
+ * checkpoints. */
+static const char *ckpt_label(gp_checkpoint_mode m, gp_ckpt_keep keep, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s%s", gp_checkpoint_mode_name(m),
+             keep && m != GP_CKPT_NEVER ? "+keep" : "");
+    return buf;
+}
+
 /* The options that take a value, as "--opt VALUE" or "--opt=VALUE". */
 static const char *const k_valued[] = {"--devices", "--chunks", "--by", "--write",
                                        "--profile-out", "--profile-in", "--set", "--reps",
@@ -343,7 +353,7 @@ static const char *split_valued(const char *a, char *opt, size_t len)
  * devices, chunks, schedule and checkpoint mode in place of theirs, so it
  * balances the model that was simulated. */
 static void print_hint(int argc, char **argv, int n, int m, const char *sched, int virt,
-                       int cfg_virt, const char *ckpt, bool lockstep)
+                       int cfg_virt, gp_checkpoint_mode ck, gp_ckpt_keep keep, bool lockstep)
 {
     printf("  to use it: gpipe-balance");
     for (int i = 1; i < argc; i++) {
@@ -369,8 +379,17 @@ static void print_hint(int argc, char **argv, int n, int m, const char *sched, i
     char vset[48] = "";
     if (virt > 1 || cfg_virt > 1)
         snprintf(vset, sizeof vset, " --set pipeline.virtual=%d", virt > 1 ? virt : 1);
-    printf(" --devices %d --chunks %d --set pipeline.schedule=%s%s --set pipeline.checkpoint=%s "
-           "--write OUT.yaml\n", n, m, sched, vset, ckpt);
+    /* (the config's keep, as a map, where the mode checkpoints) */
+    char ckset[600], ks[512];
+    gp_ckpt_keep_str(keep, ks, sizeof ks);
+    if (keep && ck != GP_CKPT_NEVER)
+        snprintf(ckset, sizeof ckset, "pipeline.checkpoint={mode: %s, keep: [%s]}",
+                 gp_checkpoint_mode_name(ck), ks);
+    else
+        snprintf(ckset, sizeof ckset, "pipeline.checkpoint=%s", gp_checkpoint_mode_name(ck));
+    printf(" --devices %d --chunks %d --set pipeline.schedule=%s%s --set", n, m, sched, vset);
+    print_word(ckset);
+    printf(" --write OUT.yaml\n");
     if (lockstep && strcmp(sched, "gpipe"))
         printf("  (simulated lockstep, as the config runs; %s often runs faster free-running: "
                "add --set pipeline.lockstep=false to simulate that)\n", sched);
@@ -970,7 +989,7 @@ int main(int argc, char **argv)
                cfg.pipeline.lockstep ? "lockstep" : "free-running",
                R > 1 ? "; one replica's pipeline and samples/s, without the replicas' "
                        "exchanges" : "");
-        printf("%-8s %-12s %4s %10s %8s %12s %12s %5s\n", "schedule", "checkpoint", "m",
+        printf("%-8s %-16s %4s %10s %8s %12s %12s %5s\n", "schedule", "checkpoint", "m",
                "step ms", "bubble", "samples/s", "peak mem", "fits");
         gp_checkpoint_mode modes[3] = {GP_CKPT_ALWAYS, GP_CKPT_EXCEPT_LAST, GP_CKPT_NEVER};
         /* what is simulated: each schedule on one stage per device (an
@@ -1049,11 +1068,12 @@ int main(int argc, char **argv)
                                              modes[c], cfg.pipeline.lockstep, pd.capacity,
                                              &r[cnt]);
                     if (s != GP_OK) break;
-                    char b1[32], name[16];
+                    char b1[32], name[16], cl[32];
                     snprintf(name, sizeof name, "interl.%d", r[cnt].v);
-                    printf("%-8s %-12s %4d %10.2f %7.1f%% %12.1f %12s %5s\n",
+                    printf("%-8s %-16s %4d %10.2f %7.1f%% %12.1f %12s %5s\n",
                            ik ? name : gp_schedule_kind_name(runs[u].kind),
-                           gp_checkpoint_mode_name(modes[c]), q, r[cnt].step * 1e3,
+                           ckpt_label(modes[c], cfg.pipeline.checkpoint_keep, cl, sizeof cl), q,
+                           r[cnt].step * 1e3,
                            100 * r[cnt].bubble, r[cnt].throughput,
                            mb(gp_sim_peak(&r[cnt]), b1, sizeof b1), r[cnt].fits ? "yes" : "NO");
                     cnt++;
@@ -1068,10 +1088,12 @@ int main(int argc, char **argv)
             bool ik = r[pick].schedule == GP_SCHEDULE_INTERLEAVED;
             char with[32] = "";
             if (ik) snprintf(with, sizeof with, " with virtual: %d", r[pick].v);
+            char cl[32];
             printf("recommended: schedule %s%s, checkpoint %s, m = %d (%.1f samples/s, peak %s): "
                    "the least memory within 5%% of the best throughput that fits\n",
                    gp_schedule_kind_name(r[pick].schedule), with,
-                   gp_checkpoint_mode_name(r[pick].checkpoint), r[pick].m, r[pick].throughput,
+                   ckpt_label(r[pick].checkpoint, cfg.pipeline.checkpoint_keep, cl, sizeof cl),
+                   r[pick].m, r[pick].throughput,
                    mb(gp_sim_peak(&r[pick]), b1, sizeof b1));
             /* advice: --write keeps the config's own choices; say how to
              * take this one instead */
@@ -1081,7 +1103,7 @@ int main(int argc, char **argv)
                         (!ik || cfg.pipeline.virtual_stages == r[pick].v);
             if (!same)
                 print_hint(argc, argv, n, r[pick].m, gp_schedule_kind_name(r[pick].schedule),
-                           r[pick].v, v, gp_checkpoint_mode_name(r[pick].checkpoint),
+                           r[pick].v, v, r[pick].checkpoint, cfg.pipeline.checkpoint_keep,
                            cfg.pipeline.lockstep);
         }
         else if (s == GP_OK && !own_fits) /* the config fits nowhere, nor does anything else */
