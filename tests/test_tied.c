@@ -254,6 +254,20 @@ static void test_transparency(gp_device **devs)
     CHECK(runs > 50);
 }
 
+/* The run around k_gpt's and k_llama's models: their loss, synthetic
+ * tokens, 4 micro-batches, AdamW. */
+#define K_LM_RUN                                                                                   \
+    "  loss: cross_entropy\n"                                                                      \
+    "data:\n"                                                                                      \
+    "  dataset: synthetic\n"                                                                       \
+    "  synthetic: {train: 64, test: 16, classes: 11, shape: [6]}\n"                                \
+    "pipeline: {devices: [cpu:0], chunks: 4}\n"                                                    \
+    "train:\n"                                                                                     \
+    "  batch_size: 12\n"                                                                           \
+    "  seed: 5\n"                                                                                  \
+    "  log_every: 0\n"                                                                             \
+    "  optimizer: {type: adamw, lr: 0.01, weight_decay: 0.1}\n"
+
 /* GPT-2 itself (model.gpt, two blocks: attention, the residual skips that
  * cross stages, the tied head on the last stage) on 2 to 4 devices, every
  * schedule and checkpoint mode, FP32 and bf16 activations: issue 53's
@@ -261,17 +275,7 @@ static void test_transparency(gp_device **devs)
 static const char *k_gpt =
     "model:\n"
     "  input: [6]\n"
-    "  gpt: {layers: 2, heads: 2, width: 16, positions: 6, vocab: 11}\n"
-    "  loss: cross_entropy\n"
-    "data:\n"
-    "  dataset: synthetic\n"
-    "  synthetic: {train: 64, test: 16, classes: 11, shape: [6]}\n"
-    "pipeline: {devices: [cpu:0], chunks: 4}\n"
-    "train:\n"
-    "  batch_size: 12\n"
-    "  seed: 5\n"
-    "  log_every: 0\n"
-    "  optimizer: {type: adamw, lr: 0.01, weight_decay: 0.1}\n";
+    "  gpt: {layers: 2, heads: 2, width: 16, positions: 6, vocab: 11}\n" K_LM_RUN;
 
 static void test_gpt_transparency(gp_device **devs)
 {
@@ -300,17 +304,7 @@ static const char *k_llama =
     "model:\n"
     "  input: [6]\n"
     "  llama: {layers: 2, heads: 2, kv_heads: 1, width: 16, intermediate: 24, vocab: 11,\n"
-    "          positions: 6, tie: true}\n"
-    "  loss: cross_entropy\n"
-    "data:\n"
-    "  dataset: synthetic\n"
-    "  synthetic: {train: 64, test: 16, classes: 11, shape: [6]}\n"
-    "pipeline: {devices: [cpu:0], chunks: 4}\n"
-    "train:\n"
-    "  batch_size: 12\n"
-    "  seed: 5\n"
-    "  log_every: 0\n"
-    "  optimizer: {type: adamw, lr: 0.01, weight_decay: 0.1}\n";
+    "          positions: 6, tie: true}\n" K_LM_RUN;
 
 #define KEEP(t) (1u << (t))
 
