@@ -1076,7 +1076,9 @@ static void test_keep_recompute_time(void)
     };
     for (size_t q = 0; q < sizeof cases / sizeof *cases; q++) {
         for (int k = 0; k < 5; k++) mem[k].ckpt_keep = cases[q].keep[k];
-        gp_stage_times st = gp_stage_times_of(&p, t, 0, 0, 1, 3, cases[q].first, cases[q].count);
+        /* (stage 0 of 3 when it starts at layer 0: no copy in from layer -1) */
+        int j = cases[q].first > 0;
+        gp_stage_times st = gp_stage_times_of(&p, t, 0, 0, j, 3, cases[q].first, cases[q].count);
         CHECK_MSG(st.R == cases[q].R && st.F == (double)(((1 << cases[q].count) - 1)
                                                          << cases[q].first),
                   "case %zu: recompute %g (want %g), forward %g", q, st.R, cases[q].R, st.F);
