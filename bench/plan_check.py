@@ -12,9 +12,9 @@ layout: its shape, the predicted and measured step and their ratio, and
 how many of the K are within 10%.
 
 usage: bench/plan_check.py [CONFIG] [--devices N] [--top K] [--steps S]
-       [--build DIR] [--set KEY=VALUE ...]
+       [--reps R] [--build DIR] [--set KEY=VALUE ...]
 (default configs/default.yaml with data.dataset=synthetic, N 2, K 5, S
-12).  Run it on a quiet machine and record the processor
+12, the plan's profile timed R = 5 times a layer).  Run it on a quiet machine and record the processor
 (bench/README.md, "Planning a layout").
 """
 import json
@@ -32,7 +32,7 @@ ROW = re.compile(r"^\s+(\d+)\s+(\d+)x(\d+)\s+(\S+)\s+(\d+)\s+(\S+)\s+([\d.]+)\s"
 def main():
     args = sys.argv[1:]
     cfg = os.path.join(SRC, "configs", "default.yaml")
-    build, n, top, steps, sets = os.path.join(SRC, "build"), 2, 5, 12, []
+    build, n, top, steps, reps, sets = os.path.join(SRC, "build"), 2, 5, 12, 5, []
     while args:
         a = args.pop(0)
         if a == "--devices":
@@ -41,6 +41,8 @@ def main():
             top = int(args.pop(0))
         elif a == "--steps":
             steps = int(args.pop(0))
+        elif a == "--reps":
+            reps = int(args.pop(0))
         elif a == "--build":
             build = args.pop(0)
         elif a == "--set":
@@ -57,7 +59,8 @@ def main():
     for k in range(1, top + 1):
         out = os.path.join(tmp, "%d.yaml" % k)
         p = subprocess.run([os.path.join(build, "gpipe-balance"), cfg, "--plan", str(n), "--top",
-                            str(top), "--reps", "1", "-q", "--write", out, "--pick", str(k)] + sets,
+                            str(top), "--reps", str(reps), "-q", "--write", out, "--pick", str(k)]
+                           + sets,
                            capture_output=True, text=True)
         rows = {int(m.group(1)): m.groups() for m in ROW.finditer(p.stdout)}
         if p.returncode != 0 or k not in rows:
