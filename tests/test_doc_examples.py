@@ -8,7 +8,13 @@ A block is marked in its fence's info string, after the language:
     build/gpipe-train configs/gpt2.yaml --dry-run | grep "language model"
     ```
 
-(GitHub highlights it as sh; the word after is the mark).  Each block runs
+(GitHub highlights it as sh; the word after is the mark).  A block that
+trains or profiles for a minute under the sanitizers is also marked
+`long` (```` ```sh runnable long ````): CI's sanitizer stages
+(GPIPE_SANITIZED set) leave those out, since the README and AVX2 passes
+run every block and the sanitizer stages run the same code paths in
+test_e2e_gpt, test_e2e and test_plan; at most a quarter of the blocks may
+be long.  Each block runs
 with bash -e -o pipefail in a fresh directory of its own, in which the
 source tree's configs/, scripts/, tests/ and bench/ and the build directory
 (as build/) are links, so the commands read as a user at the top of a
@@ -37,16 +43,17 @@ LINKED = ("configs", "scripts", "tests", "bench", "include", "examples")
 
 
 def blocks(path):
-    """(line of the fence, text) of every runnable block in a Markdown file."""
-    out, cur, start = [], None, 0
+    """(line of the fence, text, long) of every runnable block in a Markdown
+    file."""
+    out, cur, start, long_ = [], None, 0, False
     for no, line in enumerate(open(path, encoding="utf-8"), 1):
         if cur is None:
             m = re.match(r"^```(\w+)\s+(.*)$", line.rstrip("\n"))
             if m and m.group(1) in ("sh", "bash") and "runnable" in m.group(2).split():
-                cur, start = [], no
+                cur, start, long_ = [], no, "long" in m.group(2).split()
             continue
         if line.startswith("```"):
-            out.append((start, "".join(cur)))
+            out.append((start, "".join(cur), long_))
             cur = None
         else:
             cur.append(line)
@@ -55,11 +62,15 @@ def blocks(path):
 
 def main():
     pages = [os.path.join(SRC, "README.md")] + sorted(glob.glob(os.path.join(SRC, "docs", "*.md")))
-    found = 0
+    found, left = 0, []
+    sanitized = bool(os.environ.get("GPIPE_SANITIZED"))
     for page in pages:
         rel = os.path.relpath(page, SRC)
-        for line, text in blocks(page):
+        for line, text, long_ in blocks(page):
             found += 1
+            if long_ and sanitized:
+                left.append("%s:%d" % (rel, line))
+                continue
             work = tempfile.mkdtemp(prefix="gpipe_example_")
             try:
                 for d in LINKED:
@@ -79,7 +90,13 @@ def main():
             finally:
                 shutil.rmtree(work, ignore_errors=True)
     check(found >= 3, "only %d runnable blocks in README.md and docs/" % found)
-    print("test_doc_examples: %d runnable blocks" % found)
+    nlong = sum(b[2] for page in pages for b in blocks(page))
+    check(4 * nlong <= found, "%d of the %d runnable blocks are marked long: at most a quarter "
+          "may be (the sanitizer stages leave them out)" % (nlong, found))
+    print("test_doc_examples: %d runnable blocks, %d marked long" % (found, nlong))
+    if left:
+        print("under a sanitizer: left out the long blocks %s (the plain build runs them)"
+              % ", ".join(left))
     return finish("test_doc_examples")
 
 
