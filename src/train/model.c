@@ -397,8 +397,13 @@ void gp_model_profile_facts(const gp_config *cfg, gp_profile *p)
     p->bf16_copies = gp_config_bf16_copies(cfg);
     p->act_dtype = (int)gp_config_act_dtype(cfg);
     p->optim_shards = gp_model_optim_shards(cfg);
+    gp_model_profile_keep(cfg, cfg->pipeline.checkpoint_keep, p);
+}
+
+void gp_model_profile_keep(const gp_config *cfg, gp_ckpt_keep keep, gp_profile *p)
+{
     for (int k = 0; p->mem && k < p->L && k < cfg->model.n_layers; k++)
-        p->mem[k].ckpt_keep = cfg->pipeline.checkpoint_keep >> cfg->model.layers[k].type & 1u;
+        p->mem[k].ckpt_keep = keep >> cfg->model.layers[k].type & 1u;
 }
 
 gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o, gp_profile *out)

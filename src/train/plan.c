@@ -129,8 +129,7 @@ static bool plan_one(const gp_config *cfg, const gp_profile *base, int N, int n,
     gp_profile p = *base; /* (a shallow copy: the replica's batch and state split) */
     p.batch = (B + R - 1) / R;
     p.optim_shards = R;
-    for (int k = 0; k < p.L; k++) /* (the layers' flags: this candidate's keep) */
-        p.mem[k].ckpt_keep = keep >> cfg->model.layers[k].type & 1u;
+    gp_model_profile_keep(cfg, keep, &p); /* (the layers' flags: this candidate's keep) */
     /* the plan's options as a run of this layout takes them, free-running,
      * split by time alone and its memory checked after: the memory-bound
      * split walks a stage's schedule for every (stage, first, count), too

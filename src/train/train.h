@@ -230,6 +230,9 @@ gp_status gp_model_profile(const gp_config *cfg, const gp_model_profile_opts *o,
  * layers a checkpointed forward keeps (balance.h).  gp_model_profile and
  * gp_model_profile_estimate set them; set them again on a loaded profile. */
 void gp_model_profile_facts(const gp_config *cfg, struct gp_profile *p);
+/* Of those, the layers a checkpointed forward keeps: each of cfg's layers
+ * whose type is in keep (a bit per gp_layer_type), into p's memory rows. */
+void gp_model_profile_keep(const gp_config *cfg, gp_ckpt_keep keep, struct gp_profile *p);
 gp_status gp_model_profile_estimate(const gp_config *cfg, struct gp_device *dev,
                                     struct gp_profile *out);
 /* balance: auto's cached profile of cfg's model, batch, device and build

@@ -2581,6 +2581,18 @@ static int summary_name_width(const gp_model *m)
     return wl;
 }
 
+/* The bytes layer l keeps for its backward over a batch of b: its output
+ * where it owns it (not run in place over its input, and read by some
+ * backward; train.activations' storage) and what its backward saves
+ * beside it. */
+static double layer_act_bytes(const gp_layer *l, int64_t b, bool inplace, bool unkept)
+{
+    double out = !inplace && !unkept ? (double)gp_shape_numel(&l->out_shape) * (double)b *
+                                           (double)gp_dtype_size(l->out_dtype)
+                                     : 0.0;
+    return out + (l->ops->saved_bytes ? (double)l->ops->saved_bytes(l, b) : 0.0);
+}
+
 /* Selective recompute (pipeline.checkpoint.keep): what a checkpointed
  * micro-batch of stage [f0, f0 + count) holds for the backward besides its
  * input, of what a forward that keeps everything holds, and how much of
@@ -2599,10 +2611,7 @@ static void summary_keep_line(const gp_config *cfg, gp_model *m, FILE *f, int f0
     double held = 0, all = 0, rfl = 0, fl = 0;
     for (int c = 0; c < count; c++) {
         gp_layer *l = &m->layers[f0 + c];
-        double out = (double)gp_shape_numel(&l->out_shape) * (double)b *
-                     (double)gp_dtype_size(l->out_dtype);
-        double act = (!inplace[f0 + c] && !unkept[f0 + c] ? out : 0.0) +
-                     (l->ops->saved_bytes ? (double)l->ops->saved_bytes(l, b) : 0.0);
+        double act = layer_act_bytes(l, b, inplace[f0 + c], unkept[f0 + c]);
         double lf = l->ops->flops(l, b);
         all += act;
         fl += lf;
@@ -2664,11 +2673,7 @@ static gp_status summary_layers(const gp_config *cfg, gp_model *m, FILE *f, summ
         summary_layer_notes(l, inplace[k], unkept[k], fused[k], add_norm[k], sk, sizeof sk);
         int64_t np = gp_model_layer_params(l), pr = 0, pad = gp_model_layer_padding(l, &pr);
         double fl = l->ops->flops(l, b);
-        bool own = !inplace[k] && !unkept[k]; /* the output is kept for backward */
-        double act = (own ? (double)gp_shape_numel(&os) * (double)b *
-                                (double)gp_dtype_size(l->out_dtype) /* train.activations */
-                          : 0.0) +
-                     (l->ops->saved_bytes ? (double)l->ops->saved_bytes(l, b) : 0.0);
+        double act = layer_act_bytes(l, b, inplace[k], unkept[k]);
         tot->params += np; tot->flops += fl; tot->act += act;
         sg.params += np; sg.flops += fl; sg.act += act;
         tot->pad += pad; sg.pad += pad;
