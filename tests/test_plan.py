@@ -73,6 +73,11 @@ def main():
         check({"gpipe", "1f1b", "zb-h1", "interleaved", "zb-v", "dualpipe-v", "v-half",
                "v-min"} <= kinds, "every schedule planned: %s" % sorted(kinds))
         check(all(a[6] >= b[6] for a, b in zip(rows, rows[1:])), "fastest first")
+        # one stage is its pipeline's last: except_last would be never's run again
+        check(any(x[0] == 1 for x in rows) and
+              not any(x[0] == 1 and x[4].startswith("except_last") for x in rows),
+              "one-stage layouts are listed, none of them except_last: %s"
+              % [x for x in rows if x[0] == 1][:4])
         check(all(p <= 80e9 for *_, p in rows), "every layout within 80 GB a device")
         check(head is not None and ruled is not None and head[0] == head[1] + sum(ruled),
               "the considered are the fitting and the ruled out: %s %s" % (head, ruled))

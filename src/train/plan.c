@@ -264,6 +264,9 @@ gp_status gp_plan_layouts(const gp_config *cfg, const gp_plan_request *rq, gp_pl
                     gp_checkpoint_mode ck = (gp_checkpoint_mode)(cq % 3);
                     gp_ckpt_keep keep = cq < 3 ? 0 : plan_keep;
                     if (cq >= 3 && !keep) continue;
+                    /* one stage is its pipeline's last: except_last, kept or
+                     * not, checkpoints nothing, never's run listed twice */
+                    if (n * v == 1 && ck == GP_CKPT_EXCEPT_LAST) continue;
                     out->considered++;
                     if ((int64_t)m * R > B) { out->no_batch++; continue; }
                     if (n * v > L || (kind == GP_SCHEDULE_INTERLEAVED && m % n)) {
