@@ -445,6 +445,38 @@ static void check_layer(gp_device *dev, const layer_case *lc, int index, hrng *r
             CHECK_MSG(!memcmp(g, want[p], (size_t)gp_tensor_numel(&l.params[p].grad) * sizeof *g),
                       "%s %s: overwrite-on-first-backward differs from zero + accumulate%s", tn,
                       l.params[p].name, l.ops->overwrites_grads ? "" : " (zeroing fallback)");
+            free(g);
+            CHECK_OK(gp_dev_fill(dev, gp_f32(&l.params[p].grad), NAN,
+                                 gp_tensor_numel(&l.params[p].grad)));
+        }
+        /* The split backward (zb-h1, the V schedules): backward-data then
+         * backward-weights, twice (one saved state: a micro-batch's), from
+         * stale (NaN) gradients, give the same bits.  A product's
+         * (ops->overwrites_grads) are not filled by its backward-data: its
+         * first backward-weights writes them (bench/README.md, "Schedules
+         * in a V"). */
+        gp_layer_grads_begin(&l);
+        for (int r2 = 0; r2 < 2; r2++) {
+            gp_tensor dxs = {0};
+            CHECK_OK(gp_layer_backward_data(&l, &ctx, &x, &y, &dy, &dxs, &s));
+            gp_tensor_free(&dxs);
+            for (int p = 0; r2 == 0 && l.ops->overwrites_grads && p < l.n_params; p++) {
+                if (l.params[p].is_buffer || !l.ops->backward_weights) continue;
+                float *g = gpt_download(&l.params[p].grad);
+                CHECK_MSG(isnan(g[0]) && l.grads_stale,
+                          "%s %s: backward-data filled a product's gradients (%g)", tn,
+                          l.params[p].name, (double)g[0]);
+                free(g);
+            }
+            CHECK_OK(gp_layer_backward_weights(&l, &ctx, &x, &y, &dy, &s));
+        }
+        CHECK_OK(gp_layer_grads_finish(&l));
+        for (int p = 0; p < l.n_params; p++) {
+            if (l.params[p].is_buffer) continue;
+            float *g = gpt_download(&l.params[p].grad);
+            CHECK_MSG(!memcmp(g, want[p], (size_t)gp_tensor_numel(&l.params[p].grad) * sizeof *g),
+                      "%s %s: the split backward from stale gradients differs from zero + "
+                      "accumulate", tn, l.params[p].name);
             /* No backward at all in a step: grads_finish zeroes them. */
             CHECK_OK(gp_dev_fill(dev, gp_f32(&l.params[p].grad), NAN,
                                  gp_tensor_numel(&l.params[p].grad)));
