@@ -155,6 +155,25 @@ typedef struct png_src {
     char why[256];
 } png_src;
 
+/* libpng's allocations, each refused past 64 MiB + 4x the file: libpng
+ * allocates what a chunk's header declares before reading it, and a
+ * 97-byte file declared 1.9 GB (fuzz_image, 2026-11-29).  The largest
+ * it needs is a row or a chunk (the pixels are gpipe's own buffer),
+ * neither more than the file or its inflated ancillary data; refused,
+ * libpng stops with "out of memory", a bad file's error. */
+static png_voidp png_malloc_capped(png_structp p, png_alloc_size_t size)
+{
+    const png_src *s = png_get_mem_ptr(p);
+    size_t cap = ((size_t)64 << 20) + 4 * (s ? s->len : 0);
+    return size > cap ? NULL : malloc(size);
+}
+
+static void png_free_fn(png_structp p, png_voidp ptr)
+{
+    (void)p;
+    free(ptr);
+}
+
 static void png_read_mem(png_structp p, png_bytep out, size_t n)
 {
     png_src *s = png_get_io_ptr(p);
@@ -179,8 +198,8 @@ static gp_status decode_png(const uint8_t *buf, size_t len, const char *path, in
                             gp_image *out)
 {
     png_src src = {.buf = buf, .len = len};
-    png_structp p = png_create_read_struct(PNG_LIBPNG_VER_STRING, &src, png_on_error,
-                                           png_on_warning);
+    png_structp p = png_create_read_struct_2(PNG_LIBPNG_VER_STRING, &src, png_on_error,
+                                             png_on_warning, &src, png_malloc_capped, png_free_fn);
     png_infop info = p ? png_create_info_struct(p) : NULL;
     if (!info) {
         png_destroy_read_struct(&p, NULL, NULL);
