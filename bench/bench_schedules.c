@@ -39,6 +39,10 @@ typedef struct {
     int n;
     size_t act0;         /* stage 0's peak activations + copies */
     size_t peak0;        /* device 0's peak, every category */
+    size_t level0;       /* device 0's peak above the level a step starts
+                            from (parameters, gradients, optimizer state):
+                            what the step's tensors held at once at most,
+                            the timeline's "allocated bytes" over its floor */
 } series;
 
 /* bal: the layers per stage (NULL: balance: auto). */
@@ -67,6 +71,7 @@ static gp_status run(const gp_config *base, gp_schedule_kind kind, int m, int st
     gp_bench_model_batch(&model, b, &x, &y); /* (token ids for a language model) */
     gp_status s = gp_model_pipeline_step(&model, &cfg, x, y, b, 0.001, NULL); /* warm-up */
     gp_allocator_reset_peak(&devs[0]->alloc);
+    size_t floor0 = gp_allocator_current(&devs[0]->alloc);
     for (int it = 0; it < steps && s == GP_OK && out->n < MAXS; it++) {
         gp_step_stats st;
         s = gp_model_pipeline_step(&model, &cfg, x, y, b, 0.001, &st);
@@ -79,6 +84,7 @@ static gp_status run(const gp_config *base, gp_schedule_kind kind, int m, int st
     size_t a = devs[0]->alloc.peak_by[GP_MEM_ACTIVATIONS] + devs[0]->alloc.peak_by[GP_MEM_COPIES];
     if (a > out->act0) out->act0 = a;
     if (devs[0]->alloc.peak > out->peak0) out->peak0 = devs[0]->alloc.peak;
+    if (devs[0]->alloc.peak - floor0 > out->level0) out->level0 = devs[0]->alloc.peak - floor0;
     free(x);
     free(y);
     gp_model_free(&model);
@@ -120,16 +126,20 @@ int main(int argc, char **argv)
                 return 1;
             }
         }
-    printf("%-12s %12s %16s %11s %12s %11s\n", "schedule", "m=8 step ms", "m=8 dev-0 MiB",
-           "m=8 bubble", "m=4 step ms", "m=4 bubble");
+    /* dev-0 MiB: the per-kind peaks of activations and copies, summed
+     * (each at its own moment); dev-0 level: device 0's peak above the
+     * step's starting level (both at once, and workspace) */
+    printf("%-12s %12s %14s %14s %11s %12s %11s\n", "schedule", "m=8 step ms", "m=8 dev-0 MiB",
+           "dev-0 level", "m=8 bubble", "m=4 step ms", "m=4 bubble");
     double step8[KINDS], bub4[KINDS], bub8[KINDS];
     for (int k = 0; k < KINDS; k++) {
         step8[k] = gp_bench_median(mem[k].steps, mem[k].n);
         bub8[k] = gp_bench_median(mem[k].bubble, mem[k].n);
         bub4[k] = gp_bench_median(bub[k].bubble, bub[k].n);
-        printf("%-12s %12.1f %16.1f %11.3f %12.1f %11.3f\n",
+        printf("%-12s %12.1f %14.2f %14.2f %11.3f %12.1f %11.3f\n",
                k == GP_SCHEDULE_INTERLEAVED ? "interleaved2" : gp_schedule_kind_name((gp_schedule_kind)k),
-               step8[k] * 1e3, (double)mem[k].act0 / 1048576.0, bub8[k],
+               step8[k] * 1e3, (double)mem[k].act0 / 1048576.0,
+               (double)mem[k].level0 / 1048576.0, bub8[k],
                gp_bench_median(bub[k].steps, bub[k].n) * 1e3, bub4[k]);
     }
     printf("\n1f1b / gpipe, m = 8: stage-0 activation peak %.2f (bar <= 0.35), step time %.3f "
@@ -141,15 +151,18 @@ int main(int argc, char **argv)
     printf("interleaved (v = 2) / 1f1b, m = 8: bubble %.2f (bar <= 0.6)\n",
            bub8[GP_SCHEDULE_INTERLEAVED] / bub8[GP_SCHEDULE_1F1B]);
     printf("zb-v / 1f1b, m = 8: bubble %.2f (bar <= 0.25), stage-0 device's activation peak "
-           "%.2f (bar <= 1), throughput %.3f (tiny-gpt's bar >= 1.05)\n",
+           "%.2f (per-kind peaks summed; its level above the step's start %.2f; bar <= 1), "
+           "throughput %.3f (tiny-gpt's bar >= 1.05)\n",
            bub8[GP_SCHEDULE_ZB_V] / bub8[GP_SCHEDULE_1F1B],
            (double)mem[GP_SCHEDULE_ZB_V].act0 / (double)mem[GP_SCHEDULE_1F1B].act0,
+           (double)mem[GP_SCHEDULE_ZB_V].level0 / (double)mem[GP_SCHEDULE_1F1B].level0,
            step8[GP_SCHEDULE_1F1B] / step8[GP_SCHEDULE_ZB_V]);
     for (int k = GP_SCHEDULE_DUALPIPE_V; k <= GP_SCHEDULE_V_MIN; k++)
-        printf("%s / 1f1b, m = 8: bubble %.2f, stage-0 device's activation peak %.2f, "
-               "throughput %.3f\n", gp_schedule_kind_name((gp_schedule_kind)k),
+        printf("%s / 1f1b, m = 8: bubble %.2f, stage-0 device's activation peak %.2f "
+               "(level %.2f), throughput %.3f\n", gp_schedule_kind_name((gp_schedule_kind)k),
                bub8[k] / bub8[GP_SCHEDULE_1F1B],
                (double)mem[k].act0 / (double)mem[GP_SCHEDULE_1F1B].act0,
+               (double)mem[k].level0 / (double)mem[GP_SCHEDULE_1F1B].level0,
                step8[GP_SCHEDULE_1F1B] / step8[k]);
     return simulator(&cfg, steps, rounds);
 }

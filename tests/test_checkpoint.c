@@ -23,6 +23,9 @@
  *     convolution's output is kept by nobody; the bytes a kept forward
  *     holds, and bit for bit the oracle's output and gradients, kept,
  *     recomputed and with a stage boundary between the norm and its relu;
+ *   - a stage's ends in a forward that keeps: the input its first layer
+ *     does not read and the output its last does not read are freed early
+ *     (stage_ends), the same bits;
  *   - a non-finite loss is an error that says what to do.
  */
 #include "checkpoint/checkpoint.h"
@@ -1149,9 +1152,99 @@ static void selective(void)
     gp_device_close(dev);
 }
 
+/* A stage's ends in a forward that keeps (2026-11-29): relu 6, linear
+ * 6 -> 8, relu, linear 8 -> 3.  The first layer reads its output, not its
+ * input, so the stage input is freed after it; the last does not read its
+ * output, so gp_stash_hand_out gives the stash the output to free once
+ * copied (here at once, as the pipeline's sweep does).  The backward then
+ * gives the bits of a stash that held both (a checkpointed forward and its
+ * recompute); a stage that ends in a relu keeps its output, and one that
+ * starts with a linear its input. */
+static void stage_ends(void)
+{
+    enum { SL = 4 };
+    gp_device_opts o = {.threads = 1};
+    gp_device *dev;
+    CHECK_OK(gp_device_open("cpu:0", &o, &dev));
+    gp_layer_spec sp[SL] = {gp_layer_spec_default(GP_LAYER_RELU),
+                            gp_layer_spec_default(GP_LAYER_LINEAR),
+                            gp_layer_spec_default(GP_LAYER_RELU),
+                            gp_layer_spec_default(GP_LAYER_LINEAR)};
+    sp[1].out = 8;
+    sp[3].out = 3;
+    gp_layer ends[SL], ref[SL];
+    gp_shape cur = gp_shape_2d(1, IN);
+    for (int k = 0; k < SL; k++) {
+        CHECK_OK(gp_layer_create(&sp[k], k, &cur, dev, 5, &ends[k]));
+        CHECK_OK(gp_layer_create(&sp[k], k, &cur, dev, 5, &ref[k]));
+        cur = ends[k].out_shape;
+        gp_layer_grads_begin(&ends[k]);
+        gp_layer_grads_begin(&ref[k]);
+    }
+    gp_stash a, b;
+    CHECK_OK(gp_stash_init(&a, SL, NULL, 0));
+    CHECK_OK(gp_stash_init(&b, SL, NULL, 0));
+    gp_shape xs = gp_shape_2d(B, IN);
+    upload_random(dev, &a.in, &xs, 7, GP_MEM_ACTIVATIONS);
+    upload_random(dev, &b.in, &xs, 7, GP_MEM_ACTIVATIONS);
+    gp_fwd_ctx ctx = {.training = true, .seed = 5, .step = 1, .batch_total = 10};
+    int bad = -1;
+    size_t in_b = gp_tensor_bytes(&a.in), before = gp_allocator_current(&dev->alloc);
+    CHECK_OK(gp_ckpt_forward(ends, &ctx, GP_FWD_KEEP, &a, &bad));
+    CHECK_MSG(!gp_tensor_mem(&a.in) && !gp_tensor_mem(&a.acts[0]) &&
+                  gp_tensor_shape(&a.acts[0]).dims[1] == IN,
+              "the stage input a relu does not read was kept (or its shape lost)");
+    size_t kept = gp_allocator_current(&dev->alloc);
+    CHECK(kept + in_b > before); /* (the input left, the layers' outputs came) */
+    size_t out_b = gp_tensor_bytes(&a.out);
+    CHECK_MSG(gp_stash_hand_out(&a, ends) && a.out.owned && !gp_tensor_mem(&a.acts[SL]) &&
+                  gp_tensor_shape(&a.acts[SL]).dims[1] == 3,
+              "a linear's stage output was not handed out");
+    CHECK(!gp_stash_hand_out(&a, ends)); /* once */
+    CHECK_OK(gp_ckpt_forward(ref, &ctx, GP_FWD_INPUT, &b, &bad));
+    CHECK_MSG(same(&a.out, &b.out), "the stage outputs differ");
+    gp_tensor_free(&a.out); /* the next stage copied it */
+    size_t ref_out = gp_tensor_bytes(&b.out); /* (its input was there before) */
+    CHECK_MSG(gp_allocator_current(&dev->alloc) + out_b == kept + ref_out,
+              "freeing the handed-out output released %zu bytes, want %zu",
+              kept + ref_out - gp_allocator_current(&dev->alloc), out_b);
+    CHECK_OK(gp_ckpt_recompute(ref, &ctx, &b, &bad));
+    CHECK(!gp_stash_hand_out(&b, ref)); /* a checkpointed forward owns its output already */
+    gp_shape ys = gp_shape_2d(B, 3);
+    gp_tensor dya, dyb, dxa = {0}, dxb = {0};
+    upload_random(dev, &dya, &ys, 8, GP_MEM_ACTIVATIONS);
+    upload_random(dev, &dyb, &ys, 8, GP_MEM_ACTIVATIONS);
+    CHECK_OK(gp_ckpt_backward(ends, &ctx, &a, &dya, 0, &dxa, &bad));
+    CHECK_OK(gp_ckpt_backward(ref, &ctx, &b, &dyb, 0, &dxb, &bad));
+    CHECK_MSG(gp_tensor_mem(&dxa) && same(&dxa, &dxb),
+              "input gradients differ with the stage's ends freed");
+    CHECK(same_grads(ends, ref, SL, "with the stage's ends freed") == 4);
+    gp_tensor_free(&dxa);
+    gp_tensor_free(&dxb);
+    /* the other way round: starts with a linear (reads its input), ends
+     * with a relu (reads its output): both stay */
+    gp_stash c;
+    CHECK_OK(gp_stash_init(&c, 2, NULL, 0));
+    upload_random(dev, &c.in, &xs, 9, GP_MEM_ACTIVATIONS);
+    CHECK_OK(gp_ckpt_forward(ends + 1, &ctx, GP_FWD_KEEP, &c, &bad));
+    CHECK_MSG(gp_tensor_mem(&c.in) && !gp_stash_hand_out(&c, ends + 1) && !c.out.owned,
+              "a linear's input or a relu's output was freed");
+    gp_stash_destroy(&c);
+    gp_stash_destroy(&a);
+    gp_stash_destroy(&b);
+    for (int k = 0; k < SL; k++) {
+        gp_layer_destroy(&ends[k]);
+        gp_layer_destroy(&ref[k]);
+    }
+    CHECK_MSG(dev->alloc.cur_by[GP_MEM_ACTIVATIONS] == 0, "%zu activation bytes left",
+              (size_t)dev->alloc.cur_by[GP_MEM_ACTIVATIONS]);
+    gp_device_close(dev);
+}
+
 int main(void)
 {
     policy();
+    stage_ends();
     fused();
     residual_fused();
     replay();

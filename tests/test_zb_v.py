@@ -49,7 +49,7 @@ SMALL = {"configs/tiny-gpt.yaml": ["model.input=[32]", "model.gpt={layers: 2, he
 SANITIZED = bool(os.environ.get("GPIPE_SANITIZED"))
 
 
-def train(tmp, name, cfg, sets):
+def train(tmp, name, cfg, sets, extra=()):
     """Losses per step and the exported weights' bytes of one run."""
     if SANITIZED:
         sets = SMALL[cfg] + list(sets)
@@ -62,12 +62,46 @@ def train(tmp, name, cfg, sets):
             "--set", "pipeline.threads=1"]  # (a product's sums follow its threads)
     for s in sets:
         args += ["--set", s]
+    args += list(extra)
     r = subprocess.run(args, cwd=tmp, capture_output=True, text=True, errors="replace",
                        timeout=600, stdin=subprocess.DEVNULL)
     if r.returncode != 0:
         return None, None, r.stderr[-600:]
     losses = [json.loads(l)["loss"] for l in open(metrics) if '"loss"' in l and '"step"' in l]
     return losses, open(weights, "rb").read(), r.stderr
+
+
+def fused_w(tag, trace):
+    """Stage 0's backward-data with its weights half next on device 0's list
+    ran as the whole backward (pipeline.c, whole_backward; the timeline
+    marks it whole_backward): device 0's allocated bytes after each such W
+    are at most those after its B (the W frees nothing; only the sweep of
+    copied tensors between them may), where stage 3's B, whose gradient goes
+    on to stage 2 first, stays split: its W frees what the B held for it."""
+    ev = json.load(open(trace))["traceEvents"]
+    xs = [e for e in ev if e.get("ph") == "X" and e["pid"] == 0]
+    cs = sorted((e["ts"], e["args"]["bytes"]) for e in ev
+                if e.get("ph") == "C" and e["pid"] == 0)
+
+    def after(x):  # the counter written at the instruction's end
+        end = x["ts"] + x["dur"]
+        return min(cs, key=lambda c: abs(c[0] - end))[1]
+
+    by = {x["name"]: x for x in xs}
+    seq = [x["name"] for x in sorted(xs, key=lambda x: x["ts"]) if x.get("tid") == 0]
+    pairs = {0: [], 3: []}
+    for j in (0, 3):
+        for i in range(4):
+            b, w = "B%d s%d" % (i, j), "W%d s%d" % (i, j)
+            if b in seq and seq.index(b) + 1 < len(seq) and seq[seq.index(b) + 1] == w:
+                pairs[j].append((i, after(by[b]), after(by[w])))
+    whole = [by["B%d s0" % i]["args"].get("whole_backward") for i, _, _ in pairs[0]]
+    whole3 = [by["B%d s3" % i]["args"].get("whole_backward") for i, _, _ in pairs[3]]
+    check(pairs[0] and all(whole) and all(wb <= bb for _, bb, wb in pairs[0]) and
+          pairs[3] and not any(whole3) and all(wb < bb for _, bb, wb in pairs[3]),
+          "%s zb-v, device 0: the bytes after B / W of stage 0 (equal: one whole backward) %r, "
+          "of stage 3 (W frees) %r; marked whole: %r, %r" % (tag, pairs[0], pairs[3], whole,
+                                                              whole3))
 
 
 def main():
@@ -87,9 +121,14 @@ def main():
                                     ("dualpipe-v", 2, "except_last"), ("v-half", 2, "never"),
                                     ("v-min", 4, "always")):
                 dl = "[" + ", ".join("cpu:%d" % d for d in range(devs)) + "]"
+                trace = os.path.join(tmp, "zbv.json")
+                traced = (sched, devs, ck) == ("zb-v", 2, "never")
                 got, w, err = train(tmp, "%s%d%s" % (sched, devs, ck), cfg,
                                     ["pipeline.devices=" + dl, "pipeline.schedule=" + sched,
-                                     "pipeline.checkpoint=" + ck])
+                                     "pipeline.checkpoint=" + ck],
+                                    ["--trace", trace, "--trace-steps", "2"] if traced else [])
+                if traced and got is not None:
+                    fused_w(tag, trace)
                 check(got == ref and w == ref_w,
                       "%s %s on %d devices, checkpoint %s: losses %r (one device %r), "
                       "weights %s %s" % (tag, sched, devs, ck, got, ref,

@@ -95,6 +95,16 @@ typedef struct gp_layer_mem {
                                it, except as a stage's last layer (the stage
                                output), where gp_stage_peak_bytes adds it
                                back; keep_per_sample leaves it out */
+    bool end_unread;        /* as a stage's last layer, run out of place, its
+                               output is read by no backward of its stage
+                               (gp_layer_spec_end_unread): a forward that
+                               keeps frees it once the next stage has its
+                               copy (gp_stash_hand_out) */
+    bool in_unread;         /* its backward does not read its main input
+                               (gp_layer_spec_ignores_x): as a stage's first
+                               layer, a forward that keeps frees the stage
+                               input after it ran (checkpoint.c,
+                               drop_unread_input) */
     bool fused;             /* a relu a batch norm before it does
                                (gp_layer_specs_relu_fused): inside a stage its
                                forward, recompute and backward cost nothing;

@@ -997,6 +997,8 @@ static gp_status profile_one_layer(profile_run *r, int k)
     gp_status cs = contention_stop(&ct);
     if (s == GP_OK) s = cs;
     if (s == GP_OK) mm->fused = r->fused[k];
+    if (s == GP_OK) mm->end_unread = gp_layer_spec_end_unread(&r->specs[k]);
+    if (s == GP_OK) mm->in_unread = gp_layer_spec_ignores_x(&r->specs[k]);
     if (s == GP_OK && (r->inplace[k] || r->unkept[k])) {
         /* measured alone, the output counted: in place it is no extra,
          * unkept a backward does not keep it */
@@ -1079,6 +1081,8 @@ static gp_status copy_measured(profile_run *r, int j, int k)
     gp_layer_destroy(&l); /* (its parameters' table) */
     out->mem[k] = out->mem[j];
     memcpy(out->mem[k].desc, desc, sizeof desc);
+    out->mem[k].end_unread = gp_layer_spec_end_unread(&r->specs[k]); /* (its own stash) */
+    out->mem[k].in_unread = gp_layer_spec_ignores_x(&r->specs[k]);
     for (int z = 0; z < out->n_sizes; z++)
         out->t[(size_t)z * (size_t)out->L + (size_t)k] =
             out->t[(size_t)z * (size_t)out->L + (size_t)j];
@@ -1295,6 +1299,8 @@ gp_status gp_profile_estimate(const gp_layer_spec *specs, int L, const int64_t i
         mm->inplace = inplace[k];
         mm->unkept = unkept[k];
         mm->fused = fused[k];
+        mm->end_unread = gp_layer_spec_end_unread(&specs[k]);
+        mm->in_unread = gp_layer_spec_ignores_x(&specs[k]);
         mm->flops_per_sample = l.ops->flops(&l, 1);
         gp_layer_destroy(&l); /* (its parameters' table) */
     }

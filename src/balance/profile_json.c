@@ -95,6 +95,8 @@ static void put_profile(gp_json_writer *w, const gp_profile *p)
         gp_json_put_bool(w, "inplace", m->inplace);
         gp_json_put_bool(w, "unkept", m->unkept);
         gp_json_put_bool(w, "fused", m->fused);
+        gp_json_put_bool(w, "end_unread", m->end_unread);
+        gp_json_put_bool(w, "in_unread", m->in_unread);
         put_time(w, "flops_per_sample", m->flops_per_sample);
         put_time(w, "update", m->update);
         gp_json_open_array(w, "times");
@@ -383,6 +385,11 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
         m->unkept = uk && uk->kind == GP_JSON_TRUE;
         const gp_json_value *fz = gp_json_get(o, "fused"); /* absent before: unfused */
         m->fused = fz && fz->kind == GP_JSON_TRUE;
+        /* absent before 2026-11-29: every stage output kept to its backward */
+        const gp_json_value *eu = gp_json_get(o, "end_unread");
+        m->end_unread = eu && eu->kind == GP_JSON_TRUE;
+        const gp_json_value *iu = gp_json_get(o, "in_unread");
+        m->in_unread = iu && iu->kind == GP_JSON_TRUE;
         m->flops_per_sample = jnum_amount(&c, o, "flops_per_sample", where);
         m->update = jnum_amount(&c, o, "update", where);
         const gp_json_value *ts = jarr_req(&c, o, "times", out->n_sizes, where);

@@ -113,6 +113,11 @@ double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const 
     return gp_stage_peak_trace(p, sched, sizes, j, first, count, NULL);
 }
 
+static bool ck_of(const bool *fwd_ck, int i)
+{
+    return i >= 0 && i < GP_MAX_CHUNKS && fwd_ck[i];
+}
+
 double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const int64_t *sizes,
                            int j, int first, int count, double *level)
 {
@@ -184,6 +189,18 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
      * 2026-11-25 every layer's was held, and this was estimated as what
      * the forward kept, which missed the in-place layers' gradients: ZB-H1
      * on a U-Net peaked 12-25% over its plan */
+    /* the stage output no backward of the stage reads (end_unread, run
+     * out of place): a forward that keeps hands it to the next stage's
+     * copy and frees it then (gp_stash_hand_out), not at the backward;
+     * `keep` counts it either way (unkept above, or keep_per_sample) */
+    double end_free = j < n - 1 && mm[last].end_unread && (last == first || !mm[last].inplace)
+                          ? stored(p, last).out
+                          : 0;
+    /* the stage input its first layer's backward does not read: a forward
+     * that keeps frees it after that layer (checkpoint.c, drop_unread_input) */
+    double in_free = mm[first].in_unread ? stored(p, first).in : 0;
+    bool fwd_ck[GP_MAX_CHUNKS] = {0}; /* micro-batch i's forward checkpointed */
+    bool whole_next = false; /* the weights half next ran with its data half */
     double grads = 0;
     for (int k = first; k < last; k++)
         if (mm[k].param_bytes > 0) grads += stored(p, k).out;
@@ -213,7 +230,16 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
         double s = in_->i >= 0 ? (double)sizes[in_->i] : 0, t = cur; /* i < 0: the end */
         /* a packed send: the FP32 tensor and its packed form at once */
         double send_out = pk && j < n - 1 ? out * s : 0, send_in = pk && j > 0 ? in * s : 0;
-        switch (in_->kind) {
+        /* stage 0's backward-data with its weights half next runs whole
+         * (pipeline.c, whole_backward), and the weights half is empty */
+        gp_instr_kind kind = in_->kind;
+        const gp_instr *nx = c + 1 < sched->count[d] ? &sched->list[d][c + 1] : NULL;
+        if (kind == GP_INSTR_BACKWARD_DATA && j == 0 && nx &&
+            nx->kind == GP_INSTR_BACKWARD_WEIGHTS && nx->i == in_->i && nx->j == j)
+            kind = GP_INSTR_BACKWARD, whole_next = true;
+        else if (kind == GP_INSTR_BACKWARD_WEIGHTS && whole_next)
+            kind = GP_INSTR_KIND_COUNT, whole_next = false;
+        switch (kind) {
         case GP_INSTR_RECV_ACT: cur += h * in * s; break;
         case GP_INSTR_RECV_GRAD: cur += h * out * s; break;
         case GP_INSTR_FORWARD:
@@ -235,7 +261,15 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
                     pending += h * out * s;
                     cur += h * out * s;
                 }
+                cur -= in_free * s;
+                if (pk) { /* an unread output goes once packed (pack_sends) */
+                    t = fmax(t, cur);
+                    cur -= end_free * s;
+                } else {
+                    pending += end_free * s;
+                }
             }
+            if (in_->i >= 0 && in_->i < GP_MAX_CHUNKS) fwd_ck[in_->i] = in_->checkpointed;
             if (j == n - 1 && in_->checkpointed) t = fmax(t, cur);
             break;
         case GP_INSTR_RECOMPUTE:
@@ -245,7 +279,8 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
         case GP_INSTR_BACKWARD:
             if (pk && j < n - 1) cur += (1 - h) * out * s; /* the gradient widened */
             t = cur + in_max * s; /* dx of a layer while its dy is alive */
-            cur -= keep * s + in * s + out * s;
+            cur -= (keep - (ck_of(fwd_ck, in_->i) ? 0 : end_free)) * s +
+                   (in - (ck_of(fwd_ck, in_->i) ? 0 : in_free)) * s + out * s;
             if (j > 0) {
                 cur += h * in * s; /* dL/d input waits for the previous stage's copy */
                 t = fmax(t, cur + send_in);
@@ -262,7 +297,8 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
             }
             break;
         case GP_INSTR_BACKWARD_WEIGHTS:
-            cur -= (keep + grads + in + out) * s;
+            cur -= (keep - (ck_of(fwd_ck, in_->i) ? 0 : end_free + in_free) + grads + in + out) *
+                   s;
             break;
         default: break;
         }
@@ -275,6 +311,8 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
             if (in_->kind == GP_INSTR_FORWARD && j < n - 1 && (in_->checkpointed || pk)) {
                 far = h * far_out_sum * s; /* held longer: fwd_hold */
                 keep_pending = h * out * s - far;
+            } else if (in_->kind == GP_INSTR_FORWARD) {
+                keep_pending = end_free * s; /* until the next stage's copy */
             }
             cur -= pending - keep_pending - far;
             pending = keep_pending;

@@ -214,6 +214,21 @@ static void drop_unread(gp_stash *s, int c, bool select)
     for (int k = o + 1; k <= c; k++) gp_tensor_drop(&s->acts[k]); /* acts[o + 1] owns it */
 }
 
+/* After the stage's first layer ran in a forward that keeps: where its
+ * backward does not read its input (a relu, which reads its output; a
+ * flatten), no backward of the stage does (the layers after it read
+ * their own inputs), so the stage input goes now, not at the backward:
+ * its shape stays for that backward.  (A checkpointed forward keeps it for
+ * the recompute; the first layer never runs in place over it.) */
+static void drop_unread_input(const gp_layer *layers, gp_stash *s)
+{
+    if (!s->in.owned || gp_tensor_mem(&s->acts[0]) != gp_tensor_mem(&s->in) ||
+        !gp_layer_spec_ignores_x(&layers[0].spec))
+        return;
+    gp_tensor_drop(&s->in);
+    s->acts[0].mem = NULL;
+}
+
 /* The one forward loop.  recompute: the stage output and the skips that
  * leave were handed on already and stay as they are. */
 static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_keep mode,
@@ -270,6 +285,7 @@ static gp_status run_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_kee
             gp_saved_free(&sv);
             break;
         }
+        if (c == 0 && keep && !recompute) drop_unread_input(layers, s);
         bool kc = keep || s->kept[c]; /* layer c's output stays for the backward */
         if (ip && !kc) { /* y takes over the memory (c >= 1: a layer output) */
             GP_ASSERT(s->acts[c].owned);
@@ -348,6 +364,20 @@ gp_status gp_ckpt_forward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_fwd_keep k
 {
     GP_ASSERT(!s->live && !gp_tensor_mem(&s->out));
     return run_forward(layers, ctx, keep, false, s, bad);
+}
+
+bool gp_stash_hand_out(gp_stash *s, const gp_layer *layers)
+{
+    int c = s->count - 1;
+    if (c < 0 || !s->live || s->inplace[c] || s->out.owned ||
+        !gp_layer_spec_end_unread(&layers[c].spec))
+        return false;
+    gp_tensor *y = &s->acts[s->count];
+    if (!y->owned || gp_tensor_mem(y) != gp_tensor_mem(&s->out)) return false;
+    s->out.owned = true;
+    y->mem = NULL; /* the shape stays: the last layer's backward reads it */
+    y->owned = false;
+    return true;
 }
 
 gp_status gp_ckpt_recompute(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s, int *bad)

@@ -144,6 +144,13 @@ void gp_stash_release(gp_stash *s);
 void gp_stash_destroy(gp_stash *s);
 /* Device bytes the stash holds now: the memory checkpointing trades. */
 size_t gp_stash_bytes(const gp_stash *s);
+/* After a forward that kept everything (GP_FWD_KEEP) on a stage that is
+ * not the model's last: where no backward of the stage reads its output
+ * (its last layer runs out of place and gp_layer_spec_end_unread), out
+ * takes that memory over (owned) and acts keep its shape, so the pipeline
+ * frees it once the next stage has its copy instead of at the backward.
+ * Returns whether it did. */
+bool gp_stash_hand_out(gp_stash *s, const gp_layer *layers);
 /* Free only the layer outputs and saved tensors (a backward's leftovers
  * after a failure); keeps in and out. */
 void gp_stash_drop_acts(gp_stash *s);

@@ -965,6 +965,11 @@ bool gp_layer_spec_ignores_x(const gp_layer_spec *s)
     return o && (o->bwd_ignores_x || norm_leaky(s));
 }
 
+bool gp_layer_spec_end_unread(const gp_layer_spec *s)
+{
+    return !s->stash[0] && gp_layer_spec_ignores_y(s);
+}
+
 /* ---- composite layers' children (gp_layers_child_forward, _backward) ---- */
 
 gp_status gp_layers_child_forward(gp_layer *c, const gp_fwd_ctx *ctx, const gp_tensor *x,

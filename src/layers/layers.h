@@ -645,6 +645,12 @@ void gp_layer_specs_inplace(const gp_layer_spec *specs, int count, bool *inplace
  * apply, and amoeba_cell between its children. */
 bool gp_layer_spec_ignores_y(const gp_layer_spec *s);
 bool gp_layer_spec_ignores_x(const gp_layer_spec *s);
+/* Whether a layer's output, where the layer is a stage's last and runs out
+ * of place, is read by no backward of its own stage: its backward ignores
+ * y and it stashes nothing for a skip.  The next stage reads its own copy,
+ * so a forward that keeps frees the stage output once that copy is made
+ * (gp_stash_hand_out; gp_layer_mem.out_unread for the planner). */
+bool gp_layer_spec_end_unread(const gp_layer_spec *s);
 /* Which layer outputs of a stage's run no backward reads, so a forward
  * that keeps for backward frees them (keeping their shape) once the next
  * layer has run: unkept[c] when layer c's backward ignores y, layer c + 1's

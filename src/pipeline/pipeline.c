@@ -23,7 +23,8 @@
  * checkpointed forward keeps nothing else (its output is
  * freed as soon as the next stage has copied it); a non-checkpointed
  * forward, or a recompute, keeps every layer output and gp_saved until
- * backward (checkpoint.h).
+ * backward (checkpoint.h), except a stage output no backward of its
+ * stage reads (gp_stash_hand_out: a linear's), freed once copied.
  */
 #include "pipeline/pipeline.h"
 #include "pipeline/nvtx.h"
@@ -44,6 +45,8 @@ typedef struct mb_state {
                             output's shape (b, ...) */
     bool sent;           /* stage 0: its input uploaded this step */
     bool labels_sent;    /* last stage: its targets uploaded this step */
+    bool whole;          /* its backward-data ran the whole backward, its
+                            weights half next on the list (run_instr) */
     double loss_sum;     /* last stage: read from the device at the step's end */
     int64_t correct, count;
 } mb_state;
@@ -1039,6 +1042,9 @@ static gp_status do_forward(gp_pipeline *p, int i, int j, bool ckpt, int *bad_la
         *bad_layer += p->first[j];
         return st;
     }
+    /* an output only the next stage reads goes once copied (sweep), or
+     * packed (pack_sends), not at this stage's backward */
+    if (!ckpt && !last) gp_stash_hand_out(&s->stash, p->layers + p->first[j]);
     if (last) {
         /* The loss: dlogits become this stage's incoming gradient; its
          * results stay on the device until the step's end (read_results). */
@@ -1635,7 +1641,21 @@ static gp_status record_done(gp_pipeline *p, int i, int j, int e)
     return ev ? gp_dev_event_record(p->devs[j], ev) : GP_OK;
 }
 
-static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int *bad_layer)
+/* A backward-data whose weights half follows it on the device's list and
+ * that sends no input gradient (the model's first stage): nothing waits
+ * for its data half alone, so it runs as the whole backward, which frees
+ * each layer's output gradient as it goes instead of holding them all for
+ * the weights half (ZB-V's B and W of stage 0; the same bits: each layer's
+ * weight gradient is the same product, added in the same micro-batch
+ * order), and the weights half is then empty. */
+static bool whole_backward(const gp_instr *in, const gp_instr *next)
+{
+    return in->kind == GP_INSTR_BACKWARD_DATA && in->j == 0 && next &&
+           next->kind == GP_INSTR_BACKWARD_WEIGHTS && next->i == in->i && next->j == in->j;
+}
+
+static gp_status run_instr(worker *w, const gp_instr *in, const gp_instr *next,
+                           gp_event_rec *ev, int *bad_layer)
 {
     gp_pipeline *p = w->p;
     int i = in->i, j = in->j, first = p->first[j], count = p->count[j];
@@ -1706,9 +1726,15 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
         mb_state *s = MB(p, i, j);
         st = await_copies(p, i, j, false);
         if (st != GP_OK) return st;
-        st = gp_ckpt_backward_data(p->layers + first, &ctx, &s->stash, &s->grad_out,
-                                   p->first_trainable, j > 0 ? &s->grad_in : NULL, bad_layer);
-        if (st != GP_OK) *bad_layer += first;
+        if (whole_backward(in, next)) {
+            st = do_backward(p, i, j, bad_layer);
+            s->whole = ev->whole = st == GP_OK;
+        } else {
+            st = gp_ckpt_backward_data(p->layers + first, &ctx, &s->stash, &s->grad_out,
+                                       p->first_trainable, j > 0 ? &s->grad_in : NULL,
+                                       bad_layer);
+            if (st != GP_OK) *bad_layer += first;
+        }
         if (st == GP_OK) st = pack_sends(p, i, j, false);
         if (st == GP_OK) st = record_done(p, i, j, EV_BWD);
         if (st == GP_OK) publish(p, &FLAG(p, bwd_done, i, j), in->k);
@@ -1717,6 +1743,11 @@ static gp_status run_instr(worker *w, const gp_instr *in, gp_event_rec *ev, int 
     }
     case GP_INSTR_BACKWARD_WEIGHTS: {
         gp_fwd_ctx ctx = mb_ctx(p, i, j);
+        if (MB(p, i, j)->whole) { /* done by its backward-data */
+            MB(p, i, j)->whole = false;
+            publish(p, NULL, in->k);
+            return GP_OK;
+        }
         st = gp_ckpt_backward_weights(p->layers + first, &ctx, &MB(p, i, j)->stash,
                                       p->first_trainable, j > 0, bad_layer);
         if (st != GP_OK) *bad_layer += first;
@@ -1928,7 +1959,8 @@ static gp_status run_step(worker *w)
             gp_instr_name(in, name, sizeof name);
             gp_nvtx_push(name);
         }
-        gp_status st = run_instr(w, in, ev, &bad_layer);
+        gp_status st = run_instr(w, in, c + 1 < p->sched.count[j] ? &list[c + 1] : NULL, ev,
+                                 &bad_layer);
         gp_nvtx_pop();
         p->mark_at[in->j] = p->end_at[in->j] = NULL;
         if (st == GP_OK && p->device_time && !ev->m1) st = gp_dev_mark(dev, copies, &ev->m1);
@@ -2342,7 +2374,7 @@ gp_status gp_pipeline_step_begin(gp_pipeline *p, const float *x, const float *y,
         p->mb[q].loss_sum = 0;
         p->mb[q].correct = 0;
         p->mb[q].count = 0;
-        p->mb[q].sent = p->mb[q].labels_sent = false;
+        p->mb[q].sent = p->mb[q].labels_sent = p->mb[q].whole = false;
     }
 
     if (p->opts.clip_norm > 0) GP_TRY(clip_tables(p));

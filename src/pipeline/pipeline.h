@@ -60,6 +60,9 @@ typedef struct gp_event_rec {
     double h0, h1;          /* device time: the host's t0, t1 (the launch) */
     void *m0, *m1;          /* device time: the markers (gp_dev_mark) */
     size_t mem_after;       /* device bytes allocated when it ended */
+    bool whole;             /* BACKWARD_DATA: ran the whole backward, its
+                               weights half next on the list then empty
+                               (the model's first stage: pipeline.c) */
 } gp_event_rec;
 
 typedef struct gp_pipeline_opts {

@@ -192,6 +192,7 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
             gp_json_put_int(w, "clock", r->k);
             gp_json_put_str(w, "layers", layers);
             gp_json_put_uint(w, "bytes", r->bytes);
+            if (r->whole) gp_json_put_bool(w, "whole_backward", true);
             if (r->device_time) { /* ts is the device's; when the host issued it */
                 gp_json_put_fixed(w, "issued_us", us(t, r->h0), 3);
                 gp_json_put_str(w, "time", "device");
