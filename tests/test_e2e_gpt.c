@@ -185,11 +185,10 @@ int main(void)
      * same losses and gradient norms to the last digit (4 steps, 4
      * micro-batches, the tied head across the stages; one thread a device
      * in both, as oneDNN's products split their sums by thread count) */
-    int lsteps = steps;
     snprintf(cmd, sizeof cmd, "'%s' '%s/configs/llama-tiny.yaml' --set data.path='%s' "
              "--set train.steps=%d --set train.batch_size=%d "
              "--set train.schedule.warmup_steps=%d --set train.snapshot.every_steps=0 "
-             "--set train.snapshot.dir='%s/snaps-llama'%s", bin, GPIPE_SOURCE_DIR, dir, lsteps,
+             "--set train.snapshot.dir='%s/snaps-llama'%s", bin, GPIPE_SOURCE_DIR, dir, steps,
              batch, warmup, dir, san_val);
     rc = gpt_run_cmd(cmd, out, sizeof out);
     CHECK_MSG(rc == 0, "llama-tiny: exit %d: %s", rc, out);
@@ -198,7 +197,7 @@ int main(void)
     CHECK_MSG(fin && sscanf(fin, "final: validation loss %lf", &loss) == 1,
               "llama-tiny: no final validation loss in:\n%s", out);
     printf("llama-tiny: validation loss after %d steps: %.4f nats per byte (%.4f below the "
-           "entropy)\n", lsteps, loss, h - loss);
+           "entropy)\n", steps, loss, h - loss);
     if (san)
         CHECK_MSG(loss < log(256.0), "llama-tiny: validation loss %.4f is not below a uniform "
                   "guess's", loss);

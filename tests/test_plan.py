@@ -112,7 +112,8 @@ def main():
               % (rc, out[-300:]))
         # less memory: fewer fit (12 MiB for llama-tiny, whose layouts hold 4-25
         # MiB a device); 256 KiB: none
-        rc1, out1 = run("gpipe-balance", [llama, "--plan", "8", "--gpu", "h100", "--top", "1"],
+        # (one run of the 8-GPU plan serves the counts here and the ZeRO row below)
+        rc1, out1 = run("gpipe-balance", [llama, "--plan", "8", "--gpu", "h100", "--top", "400"],
                         tmp)
         h1, r1 = counts(out1)
         rc2, out2 = run("gpipe-balance", [llama, "--plan", "8", "--gpu", "h100", "--memory",
@@ -127,9 +128,7 @@ def main():
         check(rc3 == 2 and "no layout fits" in out3, "256 KiB a device: exit %d: %s"
               % (rc3, out3[-400:]))
         # ZeRO stage 1 in the plan: the same pipeline, more replicas, less a device
-        one = [x for x in layouts(run("gpipe-balance",
-                                      [llama, "--plan", "8", "--gpu", "h100", "--top", "400"],
-                                      tmp)[1])
+        one = [x for x in layouts(out1)
                if x[1] == 1 and x[2] == "gpipe" and x[3] == 8 and x[4] == "never"]
         rep = [x for x in layouts(run("gpipe-balance",
                                       [llama, "--plan", "16", "--gpu", "h100", "--top", "400"],
