@@ -2250,6 +2250,67 @@ static void test_profile_estimate(void)
     }
 }
 
+/* A model of more than GP_UNIT_MIN_LAYERS layers is split at its repeated
+ * blocks (gp_profile_units): an embedding, 60 blocks of 7 layers (specs a
+ * .. g, the last of each 10 times the others, so that the min-max over
+ * every layer boundary would cut inside blocks), a norm and a head.  The
+ * units are the 3 single layers and the 60 blocks; the plan's stages, in a
+ * line and in a V, begin only at a unit; a model of 400 layers is not
+ * split so. */
+static void test_plan_units(void)
+{
+    enum { NB = 60, P = 7, L = 1 + NB * P + 2, M = 8 };
+    gp_layer_mem *mem = calloc(L, sizeof *mem);
+    gp_layer_times *t = calloc(L, sizeof *t);
+    int *start = malloc((L + 1) * sizeof *start), unused[L];
+    if (!mem || !t || !start) {
+        CHECK_MSG(false, "out of memory");
+        return;
+    }
+    for (int k = 0; k < L; k++) {
+        int q = k >= 1 && k <= NB * P ? (k - 1) % P : -1;
+        snprintf(mem[k].spec, sizeof mem[k].spec, "%s",
+                 k == 0 ? "embedding" : k == L - 2 ? "norm" : k == L - 1 ? "head"
+                                                               : (const char *[]){"a", "b", "c", "d", "e", "f", "g"}[q]);
+        double c = q == P - 1 ? 10 : 1;
+        t[k].fwd = t[k].bwd_data = t[k].bwd_weights = c / 3;
+        mem[k].keep_per_sample = 100;
+        mem[k].param_bytes = 64;
+    }
+    gp_profile p = unit_profile(L, M, 4, mem, t, unused);
+    int U = gp_profile_units(&p, start);
+    bool ok = U == NB + 3 && start[0] == 0 && start[U] == L && start[U - 1] == L - 1 &&
+              start[U - 2] == L - 2;
+    for (int b = 0; ok && b < NB; b++) ok = start[1 + b] == 1 + b * P;
+    CHECK_MSG(ok, "units of the blocked model: %d (want %d), starts %d %d %d .. %d %d %d", U,
+              NB + 3, start[0], start[1], start[2], U > 2 ? start[U - 2] : -1,
+              U > 1 ? start[U - 1] : -1, start[U]);
+    bool is_start[L + 1];
+    memset(is_start, 0, sizeof is_start);
+    for (int u = 0; u <= U && U > 0; u++) is_start[start[u]] = true;
+    for (int v = 0; v < 2; v++) {
+        gp_plan_opts po = {.schedule = v ? GP_SCHEDULE_ZB_V : GP_SCHEDULE_1F1B, .n = 4, .m = M,
+                           .checkpoint = GP_CKPT_NEVER, .by = GP_BALANCE_BY_TIME,
+                           .virtual_stages = v ? 2 : 1, .v_shape = v, .lockstep = false,
+                           .sim_kind = v ? GP_SCHEDULE_ZB_V : GP_SCHEDULE_1F1B};
+        int bal[4] = {0};
+        CHECK_OK(gp_balance_plan(&p, &po, bal));
+        bool at = true;
+        int sum = 0;
+        for (int j = 0; j < 4; j++) {
+            at = at && bal[j] > 0 && is_start[sum];
+            sum += bal[j];
+        }
+        CHECK_MSG(at && sum == L, "%s's split [%d, %d, %d, %d] begins a stage inside a block",
+                  v ? "zb-v" : "1f1b", bal[0], bal[1], bal[2], bal[3]);
+    }
+    p.L = 400; /* not long enough: every boundary a candidate */
+    CHECK(gp_profile_units(&p, start) == 0);
+    free(mem);
+    free(t);
+    free(start);
+}
+
 int main(void)
 {
     gp_log_set_level(GP_LOG_WARN);
@@ -2276,6 +2337,7 @@ int main(void)
         test_simulator_schedules();
         test_plan_interleaved();
         test_plan_interleaved_random();
+        test_plan_units();
         test_skip_costs();
         test_bf16_copy_memory();
         test_inplace_costs();

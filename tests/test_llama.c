@@ -159,6 +159,7 @@ static void counts(void)
          {"model.llama.layers=28", "model.llama.heads=24", "model.llama.width=3072",
           "model.llama.intermediate=8192"}, 4, 3212749824},
         {"llama3-8b.yaml", {NULL}, 0, 8030261248},
+        {"llama3-70b.yaml", {NULL}, 0, 70553706496},
     };
     for (size_t q = 0; q < sizeof cfgs / sizeof *cfgs; q++) {
         char path[600];
@@ -175,15 +176,18 @@ static void counts(void)
     }
     CHECK(llama_params(16, 2048, 32, 8, 8192, 128256, true, false) == 1235814400);
     CHECK(llama_params(32, 4096, 32, 8, 14336, 128256, false, false) == 8030261248);
+    CHECK(llama_params(80, 8192, 64, 8, 28672, 128256, false, false) == 70553706496);
 }
 
 static void dry_run(void)
 {
     static const struct {
-        const char *file, *want;
+        const char *file, *want, *heads;
     } runs[] = {
-        {"llama3.2-1b.yaml", "language model: 1235814400 parameters"},
-        {"llama3-8b.yaml", "language model: 8030261248 parameters"},
+        {"llama3.2-1b.yaml", "language model: 1235814400 parameters", "{heads: 32, kv_heads: 8}"},
+        {"llama3-8b.yaml", "language model: 8030261248 parameters", "{heads: 32, kv_heads: 8}"},
+        /* the planner's layout for 64 H100s (gpipe-balance --plan 64 --gpu h100) */
+        {"llama3-70b.yaml", "language model: 70553706496 parameters", "{heads: 64, kv_heads: 8}"},
     };
     char bin[600], cmd[1400];
     static char out[1 << 18];
@@ -195,7 +199,26 @@ static void dry_run(void)
         CHECK_MSG(rc == 0, "%s --dry-run exited %d: %s", runs[q].file, rc, out);
         CHECK_MSG(strstr(out, runs[q].want) != NULL, "no \"%s\" in %s's --dry-run", runs[q].want,
                   runs[q].file);
-        CHECK(strstr(out, "{heads: 32, kv_heads: 8}") != NULL);
+        CHECK(strstr(out, runs[q].heads) != NULL);
+        /* every device's estimate within its 80 GB (74.5 GiB), where the
+         * config gives the memory: each "cuda:N X GiB" of the peak line */
+        const char *pk = strstr(out, "memory at a step's peak");
+        if (strstr(runs[q].file, "70b")) {
+            int devs = 0;
+            double most = 0;
+            for (const char *c = pk ? strstr(pk, "): ") : NULL; c && (c = strstr(c, "cuda:"));) {
+                int d;
+                double g;
+                if (sscanf(c, "cuda:%d %lf GiB", &d, &g) == 2) {
+                    devs++;
+                    most = fmax(most, g);
+                }
+                c += 5;
+            }
+            CHECK_MSG(devs == 16 && most > 10 && most < 80e9 / 1073741824.0,
+                      "%s: %d devices' peaks, the largest %.1f GiB (80 GB = 74.5 GiB): %s",
+                      runs[q].file, devs, most, pk ? pk : out);
+        }
     }
 }
 

@@ -389,6 +389,19 @@ typedef struct gp_plan_opts {
  * stages' capacities (or, if the min-max split needs more, that).  A
  * budget of simulated work bounds the search at large n and m. */
 gp_status gp_balance_plan(const gp_profile *p, const gp_plan_opts *o, int *balance);
+/* Models of more than GP_UNIT_MIN_LAYERS layers are split at their repeated
+ * blocks, as Megatron-LM splits at Transformer layers: the exact min-max
+ * over every layer boundary is O(n L^3) (O(n L^4) in a V), minutes a
+ * layout at Llama 3 70B's 883 layers.  The blocks: the shortest period P
+ * (2 <= P <= L / 8) at which the layers' specs (gp_layer_mem.spec) repeat
+ * over at least half the model, counted from the first layer that
+ * repeats; a stage then begins only at a block's first layer or at a
+ * layer outside the blocks (Llama's embedding, final norm and head).
+ * Writes the units' first layers to start[0..U] (start[U] = L; room for
+ * p->L + 1) and returns U, or 0 where the model is not that long or has no
+ * such blocks (every layer boundary stays a candidate). */
+enum { GP_UNIT_MIN_LAYERS = 400 };
+int gp_profile_units(const gp_profile *p, int *start);
 /* The partitioner's cost and the peak bytes of each stage of `balance`. */
 void gp_balance_stage_costs(const gp_profile *p, const gp_plan_opts *o, const int *balance,
                             double *cost, double *peak_bytes);

@@ -454,7 +454,20 @@ static double refine_step(plan_ctx *c, const int *balance, bool lockstep, const 
  * splits it), or, if the starting split already needs more, no more than
  * that.  The search stops once it has simulated about 2e7 (stage x
  * micro-batch) pairs: a few seconds, the same split every time. */
-static void refine_interleaved(plan_ctx *c, int *balance)
+/* The unit (gp_profile_units) that begins at layer pos, or -1. */
+static int unit_at(const int *ustart, int U, int pos)
+{
+    int lo = 0, hi = U;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (ustart[mid] < pos) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo <= U && ustart[lo] == pos ? lo : -1;
+}
+
+/* (ustart, U: a boundary moves by units, not layers, where U > 0) */
+static void refine_interleaved(plan_ctx *c, int *balance, const int *ustart, int U)
 {
     const gp_plan_opts *o = c->o;
     int S = o->n, nd = S / o->virtual_stages;
@@ -479,8 +492,15 @@ static void refine_interleaved(plan_ctx *c, int *balance)
     for (int it = 0; it < 64 && work < 2e7; it++) {
         int bj = -1, bd = 0;
         double bstep = best * (1 - 1e-6);
-        for (int j = 0; j + 1 < S; j++) /* the boundary between stages j and j + 1 */
-            for (int d = -3; d <= 3; d++) {
+        for (int j = 0, pos = 0; j + 1 < S; j++) { /* the boundary between j and j + 1 */
+            pos += balance[j];
+            int ui = U > 0 ? unit_at(ustart, U, pos) : -1;
+            for (int e = -3; e <= 3; e++) {
+                int d = e;
+                if (U > 0) {
+                    if (ui < 0 || ui + e < 0 || ui + e > U) continue;
+                    d = ustart[ui + e] - pos;
+                }
                 if (!d || balance[j] + d < 1 || balance[j + 1] - d < 1) continue;
                 balance[j] += d;
                 balance[j + 1] -= d;
@@ -494,6 +514,7 @@ static void refine_interleaved(plan_ctx *c, int *balance)
                     bd = d;
                 }
             }
+        }
         if (bj < 0) break;
         balance[bj] += bd;
         balance[bj + 1] -= bd;
@@ -504,12 +525,101 @@ static void refine_interleaved(plan_ctx *c, int *balance)
         memcpy(balance, start, (size_t)S * sizeof *balance);
 }
 
+int gp_profile_units(const gp_profile *p, int *start)
+{
+    int L = p->L;
+    if (L <= GP_UNIT_MIN_LAYERS) return 0;
+    for (int P = 2; P <= L / 8; P++) {
+        /* the longest run of k with spec[k] == spec[k + P] */
+        int best_s = -1, best_len = 0;
+        for (int k = 0; k + P < L;) {
+            if (strcmp(p->mem[k].spec, p->mem[k + P].spec)) {
+                k++;
+                continue;
+            }
+            int e = k;
+            while (e + P < L && !strcmp(p->mem[e].spec, p->mem[e + P].spec)) e++;
+            if (e - k > best_len) {
+                best_len = e - k;
+                best_s = k;
+            }
+            k = e;
+        }
+        int blocks = (best_len + P) / P; /* the region [s, s + len + P) */
+        if (best_s < 0 || blocks < 2 || (double)blocks * P < 0.5 * L) continue;
+        int U = 0;
+        for (int k = 0; k < best_s; k++) start[U++] = k;
+        for (int b = 0; b < blocks; b++) start[U++] = best_s + b * P;
+        for (int k = best_s + blocks * P; k < L; k++) start[U++] = k;
+        start[U] = L;
+        return U;
+    }
+    return 0;
+}
+
+/* The partition problem over units of layers (gp_profile_units). */
+typedef struct {
+    const gp_partition_problem *pb;
+    const int *start;
+} unit_problem;
+
+static double unit_cost(void *arg, int j, int first, int count)
+{
+    const unit_problem *u = arg;
+    return u->pb->cost(u->pb->arg, j, u->start[first], u->start[first + count] - u->start[first]);
+}
+
+static double unit_mem(void *arg, int j, int first, int count)
+{
+    const unit_problem *u = arg;
+    return u->pb->mem(u->pb->arg, j, u->start[first], u->start[first + count] - u->start[first]);
+}
+
+static const char *unit_name(void *arg, int k, char *buf, size_t len)
+{
+    const unit_problem *u = arg;
+    return u->pb->layer_name(u->pb->arg, u->start[k], buf, len);
+}
+
+/* gp_partition_solve or _v (v) over the units, the balance back in layers. */
+static gp_status solve_units(const gp_partition_problem *pb, const int *start, int U, bool v,
+                             int *balance)
+{
+    unit_problem u = {pb, start};
+    gp_partition_problem q = *pb;
+    q.L = U;
+    q.cost = unit_cost;
+    q.mem = unit_mem;
+    q.arg = &u;
+    q.layer_name = pb->layer_name ? unit_name : NULL;
+    int ub[GP_MAX_DEVICES];
+    gp_status s = v ? gp_partition_solve_v(&q, ub, NULL) : gp_partition_solve(&q, ub, NULL, NULL);
+    if (s != GP_OK) return s;
+    int S = v ? 2 * pb->n : pb->n;
+    for (int j = 0, f = 0; j < S; f += ub[j++]) balance[j] = start[f + ub[j]] - start[f];
+    return GP_OK;
+}
+
+static gp_status solve_plan(const gp_partition_problem *pb, const int *start, int U, bool v,
+                            int *balance)
+{
+    if (U >= (v ? 2 * pb->n : pb->n)) return solve_units(pb, start, U, v, balance);
+    return v ? gp_partition_solve_v(pb, balance, NULL)
+             : gp_partition_solve(pb, balance, NULL, NULL);
+}
+
 gp_status gp_balance_plan(const gp_profile *p, const gp_plan_opts *o, int *balance)
 {
     plan_ctx c;
     GP_TRY(plan_open(p, o, &c));
     gp_partition_problem pb = {.L = p->L, .n = o->n, .cost = plan_cost, .mem = plan_mem,
                                .capacity = o->capacity, .arg = &c, .layer_name = plan_name};
+    int *start = malloc(((size_t)p->L + 1) * sizeof *start);
+    if (!start) {
+        plan_close(&c);
+        return gp_error_set(GP_ERR_OOM, "out of host memory planning");
+    }
+    int U = gp_profile_units(p, start);
     gp_status s;
     int v = o->virtual_stages;
     bool refine = v > 1 && o->n % v == 0 && o->by != GP_BALANCE_BY_SIZE && p->timed;
@@ -532,15 +642,15 @@ gp_status gp_balance_plan(const gp_profile *p, const gp_plan_opts *o, int *balan
         gp_partition_problem pv = pb;
         pv.n = nd;
         pv.capacity = dcap;
-        s = gp_partition_solve_v(&pv, balance, NULL);
-        gp_status s2 = gp_partition_solve(&pb, alt, NULL, NULL);
+        s = solve_plan(&pv, start, U, true, balance);
+        gp_status s2 = solve_plan(&pb, start, U, false, alt);
         if (s != GP_OK && s2 == GP_OK) { /* (stage capacities are the stricter) */
             gp_error_clear();
             memcpy(balance, alt, (size_t)o->n * sizeof *balance);
             s = GP_OK;
         } else if (s == GP_OK && s2 == GP_OK && refine) {
-            refine_interleaved(&c, balance);
-            refine_interleaved(&c, alt);
+            refine_interleaved(&c, balance, start, U);
+            refine_interleaved(&c, alt, start, U);
             if (refine_step(&c, alt, false, NULL, NULL) < refine_step(&c, balance, false, NULL,
                                                                       NULL))
                 memcpy(balance, alt, (size_t)o->n * sizeof *balance);
@@ -548,9 +658,10 @@ gp_status gp_balance_plan(const gp_profile *p, const gp_plan_opts *o, int *balan
         }
         if (s == GP_OK) gp_error_clear(); /* (a candidate that did not fit) */
     } else {
-        s = gp_partition_solve(&pb, balance, NULL, NULL);
+        s = solve_plan(&pb, start, U, false, balance);
     }
-    if (s == GP_OK && refine) refine_interleaved(&c, balance);
+    if (s == GP_OK && refine) refine_interleaved(&c, balance, start, U);
+    free(start);
     plan_close(&c);
     return s;
 }

@@ -32,7 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { MAX_M = 64, PLAN_MS = 7 }; /* m = 1, 2, 4, .. MAX_M */
+enum { MAX_M = 512, PLAN_MS = 10 }; /* m = 1, 2, 4, .. MAX_M (512: micro-batches of one sequence at Llama 3 70B's batch on 4 replicas) */
 
 static const gp_schedule_kind k_plan_kinds[] = {
     GP_SCHEDULE_GPIPE, GP_SCHEDULE_1F1B,       GP_SCHEDULE_ZB_H1,  GP_SCHEDULE_INTERLEAVED,
@@ -245,10 +245,26 @@ gp_status gp_plan_layouts(const gp_config *cfg, const gp_plan_request *rq, gp_pl
     if (capacity <= 0 && rq->gpu) capacity = strcmp(rq->gpu, "h200") ? 80e9 : 141e9;
     double link = rq->gpu ? 360e9 : host_copy_bw() / 3.0; /* (a reduction: ~3 passes) */
     gp_ckpt_keep plan_keep = plan_keep_of(cfg);
+    /* a long model is split at its repeated blocks (gp_profile_units), and
+     * the V's exact split is then affordable over the blocks */
+    int *ustart = malloc(((size_t)prof.L + 1) * sizeof *ustart);
+    int U = ustart ? gp_profile_units(&prof, ustart) : 0, Lv = U > 0 ? U : L, blocks = 0;
+    for (int u = 0; u < U; u++) blocks += ustart[u + 1] - ustart[u] > 1;
+    free(ustart);
+    if (rq->say && U > 0)
+        fprintf(stderr, "planning: the %d layers split between %d repeated blocks of %d layers "
+                        "and at the %d others\n", L, blocks, blocks ? (L - (U - blocks)) / blocks : 0,
+                U - blocks);
     int cap = 0;
+    double t_say = gp_now();
     for (int n = 1; n <= N && n <= L; n++) {
         if (N % n) continue;
         int R = N / n;
+        if (rq->say && gp_now() - t_say > 5) {
+            fprintf(stderr, "planning: pipelines of %d devices x %d replicas (%d layouts so "
+                            "far)\n", n, R, out->considered);
+            t_say = gp_now();
+        }
         v_split vsplit[PLAN_MS][5]; /* by m (1, 2, 4, ...) and checkpoint choice */
         memset(vsplit, 0, sizeof vsplit);
         for (size_t q = 0; q < sizeof k_plan_kinds / sizeof *k_plan_kinds; q++) {
@@ -258,7 +274,7 @@ gp_status gp_plan_layouts(const gp_config *cfg, const gp_plan_request *rq, gp_pl
             /* (the exact V split costs L^3 n: a 355-layer model took
              * seconds a layout; the V is planned up to 8 devices and 128
              * layers) */
-            if (gp_schedule_v_shape(kind) && (n > 8 || L > 128)) continue;
+            if (gp_schedule_v_shape(kind) && (n > 8 || Lv > 128)) continue;
             for (int m = 1, mi = 0; m <= MAX_M; m *= 2, mi++)
                 for (int cq = 0; cq < 5; cq++) { /* the modes, then always and except_last keeping */
                     gp_checkpoint_mode ck = (gp_checkpoint_mode)(cq % 3);
