@@ -82,6 +82,16 @@ static void upload_random(gp_device *dev, gp_tensor *t, const gp_shape *sh, uint
     CHECK_OK(gp_dev_upload(dev, gp_f32(t), h, n));
 }
 
+/* Two stashes of `count` layers with the same random input (stream). */
+static void two_stashes(gp_device *dev, int count, const gp_shape *xs, uint64_t stream,
+                        gp_stash *a, gp_stash *b)
+{
+    CHECK_OK(gp_stash_init(a, count, NULL, 0));
+    CHECK_OK(gp_stash_init(b, count, NULL, 0));
+    upload_random(dev, &a->in, xs, stream, GP_MEM_ACTIVATIONS);
+    upload_random(dev, &b->in, xs, stream, GP_MEM_ACTIVATIONS);
+}
+
 static bool same(const gp_tensor *a, const gp_tensor *b)
 {
     int64_t n = gp_tensor_numel(a);
@@ -124,11 +134,8 @@ static void replay(void)
     build(dev, kept);
     build(dev, ckpt);
     gp_stash a, b;
-    CHECK_OK(gp_stash_init(&a, L, NULL, 0));
-    CHECK_OK(gp_stash_init(&b, L, NULL, 0));
     gp_shape xs = gp_shape_2d(B, IN);
-    upload_random(dev, &a.in, &xs, 1, GP_MEM_ACTIVATIONS);
-    upload_random(dev, &b.in, &xs, 1, GP_MEM_ACTIVATIONS);
+    two_stashes(dev, L, &xs, 1, &a, &b);
     gp_fwd_ctx ctx = {.training = true, .seed = 99, .step = 3, .sample_offset = 10,
                       .batch_total = 40};
     for (int k = 0; k < L; k++) {
@@ -1182,11 +1189,8 @@ static void stage_ends(void)
         gp_layer_grads_begin(&ref[k]);
     }
     gp_stash a, b;
-    CHECK_OK(gp_stash_init(&a, SL, NULL, 0));
-    CHECK_OK(gp_stash_init(&b, SL, NULL, 0));
     gp_shape xs = gp_shape_2d(B, IN);
-    upload_random(dev, &a.in, &xs, 7, GP_MEM_ACTIVATIONS);
-    upload_random(dev, &b.in, &xs, 7, GP_MEM_ACTIVATIONS);
+    two_stashes(dev, SL, &xs, 7, &a, &b);
     gp_fwd_ctx ctx = {.training = true, .seed = 5, .step = 1, .batch_total = 10};
     int bad = -1;
     size_t in_b = gp_tensor_bytes(&a.in), before = gp_allocator_current(&dev->alloc);
