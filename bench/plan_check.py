@@ -69,7 +69,11 @@ def main():
         _, dn, dr, sched, m, ck, ms = rows[k]
         metrics = os.path.join(tmp, "%d.jsonl" % k)
         t = subprocess.run([os.path.join(build, "gpipe-train"), out, "-q", "--metrics", metrics,
-                            "--set", "train.steps=%d" % steps, "--set", "train.log_every=0"] + sets,
+                            "--set", "train.steps=%d" % steps, "--set", "train.log_every=0",
+                            # (no snapshot: a second layout would find the first's)
+                            "--set", "train.snapshot.every_steps=0",
+                            "--set", "train.snapshot.dir=" + os.path.join(tmp, "snaps%d" % k)]
+                           + sets,
                            capture_output=True, text=True)
         runs += 1
         if t.returncode != 0:

@@ -31,6 +31,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { MAX_M = 512, PLAN_MS = 10 }; /* m = 1, 2, 4, .. MAX_M (512: micro-batches of one sequence at Llama 3 70B's batch on 4 replicas) */
 
@@ -233,6 +234,17 @@ gp_status gp_plan_layouts(const gp_config *cfg, const gp_plan_request *rq, gp_pl
             c.pipeline.devices[j].threads = rq->threads > 0 ? rq->threads : 1;
             c.pipeline.devices[j].memory = 0;
         }
+        /* devices that share cores run every layout slower than the
+         * profile (one device's load and its neighbours') says */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int need = N * c.pipeline.devices[0].threads;
+        if (rq->say && cores > 0 && need > cores)
+            fprintf(stderr, "warning: %d CPU devices x %d thread%s need %d cores and this machine "
+                            "has %ld: the devices will share cores and run every layout slower "
+                            "than planned (2.7-4.8x measured with 4 devices on 2 cores, "
+                            "bench/README.md); plan for at most %ld devices of one thread here\n",
+                    N, c.pipeline.devices[0].threads, c.pipeline.devices[0].threads == 1 ? "" : "s",
+                    need, cores, cores);
         gp_model_profile_opts mo = {.timed = true, .warmup = 1, .reps = rq->reps > 0 ? rq->reps : 3,
                                     .n_sizes = nz, .say = rq->say};
         mo.threads = c.pipeline.devices[0].threads;
