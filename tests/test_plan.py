@@ -138,7 +138,7 @@ def main():
               "8 stages x 2 replicas hold less a device than x 1 (the optimizer's state split): "
               "%s %s" % (one[:1], rep[:1]))
         # more CPU devices than cores: the plan warns that they will share cores
-        # (measured 2.7-4.8x slower than planned, bench/README.md); -q does not
+        # (measured 2.0-2.2x slower than planned, bench/README.md); -q does not
         over = (os.cpu_count() or 1) + 1
         mlp = [os.path.join(SRC, "configs", "mlp.yaml"), "--plan", str(over), "--top", "1",
                "--reps", "1", "--set", "data.dataset=synthetic"]

@@ -241,7 +241,7 @@ gp_status gp_plan_layouts(const gp_config *cfg, const gp_plan_request *rq, gp_pl
         if (rq->say && cores > 0 && need > cores)
             fprintf(stderr, "warning: %d CPU devices x %d thread%s need %d cores and this machine "
                             "has %ld: the devices will share cores and run every layout slower "
-                            "than planned (2.7-4.8x measured with 4 devices on 2 cores, "
+                            "than planned (2.0-2.2x measured with 4 devices on 2 cores, "
                             "bench/README.md); plan for at most %ld devices of one thread here\n",
                     N, c.pipeline.devices[0].threads, c.pipeline.devices[0].threads == 1 ? "" : "s",
                     need, cores, cores);
