@@ -209,6 +209,55 @@ static int by_throughput(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
+/* The profile: this machine's CPU devices (N of them loaded, as a run of N
+ * would) or the GPU's roofline, at the micro-batch sizes the layouts need. */
+static gp_status plan_profile(const gp_config *cfg, const gp_plan_request *rq,
+                              const int64_t *sizes, int nz, gp_profile *prof)
+{
+    int N = rq->devices;
+    gp_config c = *cfg; /* (shallow: the devices alone differ) */
+    c.pipeline.replicas = 1;
+    c.pipeline.n_balance = 0;
+    if (rq->gpu) return gp_roofline_profile(&c, rq->gpu, sizes, nz, prof);
+    c.pipeline.n_devices = N;
+    for (int j = 0; j < N; j++) {
+        snprintf(c.pipeline.devices[j].name, sizeof c.pipeline.devices[j].name, "cpu:%d", j);
+        c.pipeline.devices[j].threads = rq->threads > 0 ? rq->threads : 1;
+        c.pipeline.devices[j].memory = 0;
+    }
+    /* devices that share cores run every layout slower than the profile
+     * (one device's load and its neighbours') says */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int t = c.pipeline.devices[0].threads, need = N * t;
+    if (rq->say && cores > 0 && need > cores)
+        fprintf(stderr, "warning: %d CPU devices x %d thread%s need %d cores and this machine "
+                        "has %ld: the devices will share cores and run every layout slower "
+                        "than planned (2.0-2.2x measured with 4 devices on 2 cores, "
+                        "bench/README.md); plan for at most %ld devices of one thread here\n",
+                N, t, t == 1 ? "" : "s", need, cores, cores);
+    gp_model_profile_opts mo = {.timed = true, .warmup = 1, .reps = rq->reps > 0 ? rq->reps : 3,
+                                .n_sizes = nz, .say = rq->say, .threads = t};
+    memcpy(mo.sizes, sizes, (size_t)nz * sizeof *sizes);
+    return gp_model_profile(&c, &mo, prof); /* (measured whole: each replica's share is set
+                                               per layout) */
+}
+
+/* The layers the V's exact split works over: a long model's units
+ * (gp_profile_units: it is split at its repeated blocks, said where `say`),
+ * else every layer. */
+static int plan_units(const gp_profile *prof, bool say)
+{
+    int L = prof->L, *ustart = malloc(((size_t)L + 1) * sizeof *ustart);
+    int U = ustart ? gp_profile_units(prof, ustart) : 0, blocks = 0;
+    for (int u = 0; u < U; u++) blocks += ustart[u + 1] - ustart[u] > 1;
+    free(ustart);
+    if (say && U > 0)
+        fprintf(stderr, "planning: the %d layers split between %d repeated blocks of %d layers "
+                        "and at the %d others\n", L, blocks, blocks ? (L - (U - blocks)) / blocks : 0,
+                U - blocks);
+    return U > 0 ? U : L;
+}
+
 gp_status gp_plan_layouts(const gp_config *cfg, const gp_plan_request *rq, gp_plan_result *out)
 {
     memset(out, 0, sizeof *out);
@@ -219,54 +268,14 @@ gp_status gp_plan_layouts(const gp_config *cfg, const gp_plan_request *rq, gp_pl
     int64_t sizes[GP_PROFILE_MAX_SIZES];
     int nz = plan_sizes(B, N, L, sizes);
     if (nz < 1) return gp_error_set(GP_ERR_INVALID, "--plan: no layout has a sample a micro-batch");
-    /* the profile: this machine's CPU devices (N of them loaded, as a run
-     * of N would) or the GPU's roofline */
     gp_profile prof;
-    gp_config c = *cfg; /* (shallow: the devices alone differ) */
-    c.pipeline.replicas = 1;
-    c.pipeline.n_balance = 0;
-    if (rq->gpu) {
-        GP_TRY(gp_roofline_profile(&c, rq->gpu, sizes, nz, &prof));
-    } else {
-        c.pipeline.n_devices = N;
-        for (int j = 0; j < N; j++) {
-            snprintf(c.pipeline.devices[j].name, sizeof c.pipeline.devices[j].name, "cpu:%d", j);
-            c.pipeline.devices[j].threads = rq->threads > 0 ? rq->threads : 1;
-            c.pipeline.devices[j].memory = 0;
-        }
-        /* devices that share cores run every layout slower than the
-         * profile (one device's load and its neighbours') says */
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        int need = N * c.pipeline.devices[0].threads;
-        if (rq->say && cores > 0 && need > cores)
-            fprintf(stderr, "warning: %d CPU devices x %d thread%s need %d cores and this machine "
-                            "has %ld: the devices will share cores and run every layout slower "
-                            "than planned (2.0-2.2x measured with 4 devices on 2 cores, "
-                            "bench/README.md); plan for at most %ld devices of one thread here\n",
-                    N, c.pipeline.devices[0].threads, c.pipeline.devices[0].threads == 1 ? "" : "s",
-                    need, cores, cores);
-        gp_model_profile_opts mo = {.timed = true, .warmup = 1, .reps = rq->reps > 0 ? rq->reps : 3,
-                                    .n_sizes = nz, .say = rq->say};
-        mo.threads = c.pipeline.devices[0].threads;
-        memcpy(mo.sizes, sizes, (size_t)nz * sizeof *sizes);
-        GP_TRY(gp_model_profile(&c, &mo, &prof));
-        /* (measured whole: each replica's share is set per layout) */
-    }
+    GP_TRY(plan_profile(cfg, rq, sizes, nz, &prof));
     gp_model_profile_facts(cfg, &prof); /* (the optimizer's shards: per layout) */
     double capacity = rq->memory > 0 ? rq->memory : (double)cfg->pipeline.memory;
     if (capacity <= 0 && rq->gpu) capacity = strcmp(rq->gpu, "h200") ? 80e9 : 141e9;
     double link = rq->gpu ? 360e9 : host_copy_bw() / 3.0; /* (a reduction: ~3 passes) */
     gp_ckpt_keep plan_keep = plan_keep_of(cfg);
-    /* a long model is split at its repeated blocks (gp_profile_units), and
-     * the V's exact split is then affordable over the blocks */
-    int *ustart = malloc(((size_t)prof.L + 1) * sizeof *ustart);
-    int U = ustart ? gp_profile_units(&prof, ustart) : 0, Lv = U > 0 ? U : L, blocks = 0;
-    for (int u = 0; u < U; u++) blocks += ustart[u + 1] - ustart[u] > 1;
-    free(ustart);
-    if (rq->say && U > 0)
-        fprintf(stderr, "planning: the %d layers split between %d repeated blocks of %d layers "
-                        "and at the %d others\n", L, blocks, blocks ? (L - (U - blocks)) / blocks : 0,
-                U - blocks);
+    int Lv = plan_units(&prof, rq->say); /* (the V's exact split: up to 128) */
     int cap = 0;
     double t_say = gp_now();
     for (int n = 1; n <= N && n <= L; n++) {
