@@ -936,6 +936,14 @@ static gp_status profile_host_buffer(profile_run *r, const gp_layer *l)
     return GP_OK;
 }
 
+/* What a stage's ends free early where layer k is one (gp_layer_mem's
+ * end_unread and in_unread): from its spec alone, its twins' too. */
+static void mem_ends(gp_layer_mem *mm, const gp_layer_spec *spec)
+{
+    mm->end_unread = gp_layer_spec_end_unread(spec);
+    mm->in_unread = gp_layer_spec_ignores_x(spec);
+}
+
 /* Layer k measured on a device of its own, built on the device, opened
  * for it and closed after it, so every allocator counter is its alone. */
 static gp_status profile_one_layer(profile_run *r, int k)
@@ -997,8 +1005,7 @@ static gp_status profile_one_layer(profile_run *r, int k)
     gp_status cs = contention_stop(&ct);
     if (s == GP_OK) s = cs;
     if (s == GP_OK) mm->fused = r->fused[k];
-    if (s == GP_OK) mm->end_unread = gp_layer_spec_end_unread(&r->specs[k]);
-    if (s == GP_OK) mm->in_unread = gp_layer_spec_ignores_x(&r->specs[k]);
+    if (s == GP_OK) mem_ends(mm, &r->specs[k]);
     if (s == GP_OK && (r->inplace[k] || r->unkept[k])) {
         /* measured alone, the output counted: in place it is no extra,
          * unkept a backward does not keep it */
@@ -1081,8 +1088,7 @@ static gp_status copy_measured(profile_run *r, int j, int k)
     gp_layer_destroy(&l); /* (its parameters' table) */
     out->mem[k] = out->mem[j];
     memcpy(out->mem[k].desc, desc, sizeof desc);
-    out->mem[k].end_unread = gp_layer_spec_end_unread(&r->specs[k]); /* (its own stash) */
-    out->mem[k].in_unread = gp_layer_spec_ignores_x(&r->specs[k]);
+    mem_ends(&out->mem[k], &r->specs[k]); /* (its own stash) */
     for (int z = 0; z < out->n_sizes; z++)
         out->t[(size_t)z * (size_t)out->L + (size_t)k] =
             out->t[(size_t)z * (size_t)out->L + (size_t)j];
@@ -1299,8 +1305,7 @@ gp_status gp_profile_estimate(const gp_layer_spec *specs, int L, const int64_t i
         mm->inplace = inplace[k];
         mm->unkept = unkept[k];
         mm->fused = fused[k];
-        mm->end_unread = gp_layer_spec_end_unread(&specs[k]);
-        mm->in_unread = gp_layer_spec_ignores_x(&specs[k]);
+        mem_ends(mm, &specs[k]);
         mm->flops_per_sample = l.ops->flops(&l, 1);
         gp_layer_destroy(&l); /* (its parameters' table) */
     }

@@ -230,15 +230,18 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
         double s = in_->i >= 0 ? (double)sizes[in_->i] : 0, t = cur; /* i < 0: the end */
         /* a packed send: the FP32 tensor and its packed form at once */
         double send_out = pk && j < n - 1 ? out * s : 0, send_in = pk && j > 0 ? in * s : 0;
-        /* stage 0's backward-data with its weights half next runs whole
-         * (pipeline.c, whole_backward), and the weights half is empty */
+        /* a backward-data run whole (gp_instr_whole_backward), and its
+         * weights half then empty */
         gp_instr_kind kind = in_->kind;
         const gp_instr *nx = c + 1 < sched->count[d] ? &sched->list[d][c + 1] : NULL;
-        if (kind == GP_INSTR_BACKWARD_DATA && j == 0 && nx &&
-            nx->kind == GP_INSTR_BACKWARD_WEIGHTS && nx->i == in_->i && nx->j == j)
+        if (gp_instr_whole_backward(in_, nx))
             kind = GP_INSTR_BACKWARD, whole_next = true;
         else if (kind == GP_INSTR_BACKWARD_WEIGHTS && whole_next)
             kind = GP_INSTR_KIND_COUNT, whole_next = false;
+        /* what a forward that kept everything freed early, gone from what
+         * its backward frees */
+        bool kept_all = !ck_of(fwd_ck, in_->i);
+        double early = kept_all ? end_free + in_free : 0;
         switch (kind) {
         case GP_INSTR_RECV_ACT: cur += h * in * s; break;
         case GP_INSTR_RECV_GRAD: cur += h * out * s; break;
@@ -279,8 +282,7 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
         case GP_INSTR_BACKWARD:
             if (pk && j < n - 1) cur += (1 - h) * out * s; /* the gradient widened */
             t = cur + in_max * s; /* dx of a layer while its dy is alive */
-            cur -= (keep - (ck_of(fwd_ck, in_->i) ? 0 : end_free)) * s +
-                   (in - (ck_of(fwd_ck, in_->i) ? 0 : in_free)) * s + out * s;
+            cur -= (keep + in + out - early) * s;
             if (j > 0) {
                 cur += h * in * s; /* dL/d input waits for the previous stage's copy */
                 t = fmax(t, cur + send_in);
@@ -297,8 +299,7 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
             }
             break;
         case GP_INSTR_BACKWARD_WEIGHTS:
-            cur -= (keep - (ck_of(fwd_ck, in_->i) ? 0 : end_free + in_free) + grads + in + out) *
-                   s;
+            cur -= (keep + grads + in + out - early) * s;
             break;
         default: break;
         }
@@ -463,7 +464,7 @@ static int unit_at(const int *ustart, int U, int pos)
         if (ustart[mid] < pos) lo = mid + 1;
         else hi = mid;
     }
-    return lo <= U && ustart[lo] == pos ? lo : -1;
+    return ustart[lo] == pos ? lo : -1;
 }
 
 /* (ustart, U: a boundary moves by units, not layers, where U > 0) */

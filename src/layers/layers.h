@@ -649,7 +649,7 @@ bool gp_layer_spec_ignores_x(const gp_layer_spec *s);
  * of place, is read by no backward of its own stage: its backward ignores
  * y and it stashes nothing for a skip.  The next stage reads its own copy,
  * so a forward that keeps frees the stage output once that copy is made
- * (gp_stash_hand_out; gp_layer_mem.out_unread for the planner). */
+ * (gp_stash_hand_out; gp_layer_mem.end_unread for the planner). */
 bool gp_layer_spec_end_unread(const gp_layer_spec *s);
 /* Which layer outputs of a stage's run no backward reads, so a forward
  * that keeps for backward frees them (keeping their shape) once the next

@@ -1641,19 +1641,6 @@ static gp_status record_done(gp_pipeline *p, int i, int j, int e)
     return ev ? gp_dev_event_record(p->devs[j], ev) : GP_OK;
 }
 
-/* A backward-data whose weights half follows it on the device's list and
- * that sends no input gradient (the model's first stage): nothing waits
- * for its data half alone, so it runs as the whole backward, which frees
- * each layer's output gradient as it goes instead of holding them all for
- * the weights half (ZB-V's B and W of stage 0; the same bits: each layer's
- * weight gradient is the same product, added in the same micro-batch
- * order), and the weights half is then empty. */
-static bool whole_backward(const gp_instr *in, const gp_instr *next)
-{
-    return in->kind == GP_INSTR_BACKWARD_DATA && in->j == 0 && next &&
-           next->kind == GP_INSTR_BACKWARD_WEIGHTS && next->i == in->i && next->j == in->j;
-}
-
 static gp_status run_instr(worker *w, const gp_instr *in, const gp_instr *next,
                            gp_event_rec *ev, int *bad_layer)
 {
@@ -1726,7 +1713,7 @@ static gp_status run_instr(worker *w, const gp_instr *in, const gp_instr *next,
         mb_state *s = MB(p, i, j);
         st = await_copies(p, i, j, false);
         if (st != GP_OK) return st;
-        if (whole_backward(in, next)) {
+        if (gp_instr_whole_backward(in, next)) { /* (schedule.h) */
             st = do_backward(p, i, j, bad_layer);
             s->whole = ev->whole = st == GP_OK;
         } else {

@@ -62,7 +62,7 @@ typedef struct gp_event_rec {
     size_t mem_after;       /* device bytes allocated when it ended */
     bool whole;             /* BACKWARD_DATA: ran the whole backward, its
                                weights half next on the list then empty
-                               (the model's first stage: pipeline.c) */
+                               (gp_instr_whole_backward) */
 } gp_event_rec;
 
 typedef struct gp_pipeline_opts {

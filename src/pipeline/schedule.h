@@ -289,6 +289,20 @@ typedef struct gp_instr {
     bool replicas;     /* BARRIER: over the replicas too */
 } gp_instr;
 
+/* A backward-data whose weights half follows it on the device's list
+ * (next) and that sends no input gradient (the model's first stage):
+ * nothing waits for its data half alone, so the executor runs it as the
+ * whole backward, which frees each layer's output gradient as it goes
+ * instead of holding them all for the weights half, and the weights half
+ * is then empty (ZB-V's B and W of stage 0; the same bits: each layer's
+ * weight gradient is the same product, added in the same micro-batch
+ * order).  The simulator's memory model follows it. */
+static inline bool gp_instr_whole_backward(const gp_instr *in, const gp_instr *next)
+{
+    return in->kind == GP_INSTR_BACKWARD_DATA && in->j == 0 && next &&
+           next->kind == GP_INSTR_BACKWARD_WEIGHTS && next->i == in->i && next->j == in->j;
+}
+
 /* The name of an instruction for timelines and Nsight ranges: "F3 s1",
  * "R3 s1", "B3 s1", "copy a3 s0->s1", "copy g3 s2->s1", "copy k3 s0->s3"
  * and "copy kg3 s3->s0" (skips), "reduce s1",

@@ -33,7 +33,9 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { MAX_M = 512, PLAN_MS = 10 }; /* m = 1, 2, 4, .. MAX_M (512: micro-batches of one sequence at Llama 3 70B's batch on 4 replicas) */
+/* m = 1, 2, 4, .. MAX_M (512: micro-batches of one sequence at Llama 3
+ * 70B's batch on 4 replicas) */
+enum { MAX_M = 512, PLAN_MS = 10 };
 
 static const gp_schedule_kind k_plan_kinds[] = {
     GP_SCHEDULE_GPIPE, GP_SCHEDULE_1F1B,       GP_SCHEDULE_ZB_H1,  GP_SCHEDULE_INTERLEAVED,
@@ -253,8 +255,8 @@ static int plan_units(const gp_profile *prof, bool say)
     free(ustart);
     if (say && U > 0)
         fprintf(stderr, "planning: the %d layers split between %d repeated blocks of %d layers "
-                        "and at the %d others\n", L, blocks, blocks ? (L - (U - blocks)) / blocks : 0,
-                U - blocks);
+                        "and at the %d others\n",
+                L, blocks, blocks ? (L - (U - blocks)) / blocks : 0, U - blocks);
     return U > 0 ? U : L;
 }
 
