@@ -1200,6 +1200,7 @@ static void test_blocked_pool(gp_device *dev, gp_pool_kind kind, int64_t n, int6
     float *x = drand(dev, nx), *dy = drand(dev, ny);
     for (int64_t i = 0; i < nx; i++) x[i] = floorf(x[i] * 3.0f) / 4.0f; /* ties in most windows */
     x[nx / 3] = NAN;
+    for (int64_t i = 0; i < ny; i += 7) dy[i] = -0.0f; /* 0 + -0 is +0: dx's zeros are added */
     float *xb = dblocked(dev, x, n, c, h * w, B), *dyb = dblocked(dev, dy, n, c, d.oh * d.ow, B);
     float *y[2] = {dalloc(dev, ny), dalloc(dev, ny)}, *dx[2] = {dalloc(dev, nx), dalloc(dev, nx)};
     size_t wsb = gp_dev_pool_ws_bytes(dev, &d);
@@ -1335,6 +1336,12 @@ static void test_blocked(gp_device *dev)
         test_blocked_pool(dev, GP_POOL_MAX, 2, 16, 9, 7, 3, 2, 1, B);
         test_blocked_pool(dev, GP_POOL_AVG, 2, 16, 9, 7, 3, 2, 1, B);
         test_blocked_pool(dev, GP_POOL_AVG_INCLUDE_PAD, 1, 16, 6, 6, 3, 1, 1, B);
+        /* plain 2x2 max pooling's three forwards: a plane's outputs in one
+         * loop (rows under 16 outputs: the 8x8 above and 28x28 below), a
+         * row at a time (18 outputs), and short rows in a plane of more
+         * outputs than the one loop's table holds (420 x 10) */
+        test_blocked_pool(dev, GP_POOL_MAX, 2, 16, 34, 36, 2, 2, 0, B);
+        test_blocked_pool(dev, GP_POOL_MAX, 1, 16, 841, 21, 2, 2, 0, B);
         /* the parallel paths (more work than one task's) and a window of
          * more than 256 elements (int32 positions) */
         test_blocked_bn(dev, 8, 64, 196, B);
