@@ -1612,6 +1612,100 @@ static void test_bf16_copy_memory(void)
  * 0's, nothing to stages 1 and 2 (it is not routed through them), and
  * raises the peak bytes of stages 0 and 3 only; a profile keeps its skips
  * through JSON, and they change its model hash. */
+/* A blocked chain a stage's edge cuts (gp_layer_mem.x_chain, y_chain): on
+ * configs/default.yaml's convnet the profile marks the first convolution's
+ * output blocked to its pool and the second's input blocked from the
+ * first, kept by a saved profile, and a stage that cuts either adds a
+ * pass over that tensor (its copy time) to each of the convolution's
+ * passes, and nothing where the chain is whole. */
+static void test_chain_cuts(void)
+{
+    const char *yaml =
+        "model:\n"
+        "  input: [1, 28, 28]\n"
+        "  layers:\n"
+        "    - conv2d: {out: 32, kernel: 3, padding: 1}\n"
+        "    - batchnorm\n"
+        "    - relu\n"
+        "    - maxpool2d: {kernel: 2}\n"
+        "    - conv2d: {out: 64, kernel: 3, padding: 1}\n"
+        "    - batchnorm\n"
+        "    - relu\n"
+        "    - maxpool2d: {kernel: 2}\n"
+        "    - flatten\n"
+        "    - linear: {out: 256}\n"
+        "    - relu\n"
+        "    - linear: {out: 10}\n"
+        "pipeline: {devices: [cpu:0, cpu:1], threads: 1}\n"
+        "data: {dataset: synthetic}\n"
+        "train: {batch_size: 16}\n";
+    gp_config cfg;
+    CHECK_OK(gp_config_parse("chains.yaml", yaml, strlen(yaml), NULL, 0, &cfg));
+    gp_model_profile_opts mo = {.timed = false, .threads = 1};
+    gp_profile p;
+    CHECK_OK(gp_model_profile(&cfg, &mo, &p));
+    /* whether this processor's CPU device keeps the chain blocked */
+    gp_device_opts o = {.threads = 1};
+    gp_device *dev;
+    CHECK_OK(gp_device_open("cpu:0", &o, &dev));
+    gp_conv_desc c2 = {1, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1, 14, 14, 1, 0, 0};
+    bool blocks = gp_dev_act_block(dev, &c2, false) && gp_dev_act_block(dev, &c2, true);
+    gp_device_close(dev);
+    char path[] = "/tmp/gpipe_chains_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    CHECK_OK(gp_profile_save(&p, path));
+    gp_profile q;
+    CHECK_OK(gp_profile_load(path, &q));
+    unlink(path);
+    for (int r = 0; r < 2; r++) {
+        const gp_profile *pr = r ? &q : &p;
+        for (int k = 0; k < pr->L; k++) {
+            const gp_layer_mem *m = &pr->mem[k];
+            bool x = blocks && k == 4, y = blocks && (k == 0 || k == 4);
+            CHECK_MSG(m->x_chain == x && m->y_chain == y, "%s layer %d: chain ends x %d y %d, "
+                      "want %d %d (blocks %d)", r ? "loaded" : "profiled", k, m->x_chain,
+                      m->y_chain, x, y, blocks);
+            if (m->x_chain) CHECK(m->x_from == 0);
+            if (m->y_chain) CHECK_MSG(m->y_to == (k == 0 ? 3 : 7), "layer %d: y_to %d", k, m->y_to);
+        }
+    }
+    gp_profile_free(&q);
+    printf("test_balance: chain ends %s on this processor's CPU device\n",
+           blocks ? "marked (blocked layouts)" : "absent (plain layouts)");
+    /* the stage times, on made-up layer times: a copy of 100 (k + 1) */
+    p.mem[0].y_chain = p.mem[4].x_chain = p.mem[4].y_chain = true;
+    p.mem[0].y_to = 3, p.mem[4].x_from = 0, p.mem[4].y_to = 7;
+    gp_layer_times lt[12];
+    for (int k = 0; k < 12; k++) lt[k] = (gp_layer_times){1, 2, 4, 0, 8, 100.0 * (k + 1)};
+    struct { int j, n, first, count; double cut; } cases[] = {
+        {1, 3, 4, 1, 400 + 500}, /* the second convolution alone: both sides */
+        {0, 2, 0, 4, 0},         /* up to the first pool: the chain ends there */
+        {0, 2, 0, 3, 100},       /* before the pool: the first's output */
+        {1, 2, 1, 4, 400 + 500}, /* from the norm: no start, and no pool */
+        {1, 2, 3, 5, 400},       /* from the pool to the second pool */
+        {0, 2, 0, 8, 0},         /* both chains whole */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        gp_stage_times whole = {0}, got = gp_stage_times_of(&p, lt, 0, 0, cases[c].j, cases[c].n,
+                                                            cases[c].first, cases[c].count);
+        for (int k = 0; k < 12; k++) p.mem[k].x_chain = p.mem[k].y_chain = false;
+        whole = gp_stage_times_of(&p, lt, 0, 0, cases[c].j, cases[c].n, cases[c].first,
+                                  cases[c].count);
+        p.mem[0].y_chain = p.mem[4].x_chain = p.mem[4].y_chain = true;
+        double conv = cases[c].cut;
+        CHECK_MSG(got.F == whole.F + conv && got.R == whole.R + conv &&
+                  got.W == whole.W + conv && got.Bd == whole.Bd + (cases[c].j ? conv : 0),
+                  "stage %d of layers %d..%d: F %g R %g Bd %g W %g over the unchained %g %g %g "
+                  "%g, want %g more each", cases[c].j, cases[c].first,
+                  cases[c].first + cases[c].count - 1, got.F, got.R, got.Bd, got.W, whole.F,
+                  whole.R, whole.Bd, whole.W, conv);
+    }
+    gp_profile_free(&p);
+    gp_config_free(&cfg);
+}
+
 static void test_skip_costs(void)
 {
     enum { N = 4, M = 4, S = 2 };
@@ -2374,6 +2468,7 @@ int main(void)
         test_plan_interleaved_random();
         test_plan_units();
         test_skip_costs();
+        test_chain_cuts();
         test_bf16_copy_memory();
         test_inplace_costs();
         test_recommend_memory();

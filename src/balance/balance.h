@@ -105,6 +105,19 @@ typedef struct gp_layer_mem {
                                layer, a forward that keeps frees the stage
                                input after it ran (checkpoint.c,
                                drop_unread_input) */
+    /* A convolution (or residual block) at an end of a blocked chain
+     * (gp_layers_blocked) of the one-stage run the profile times it in:
+     * x_chain, its input blocked there, by the chain that begins at layer
+     * x_from; y_chain, its output blocked, up to layer y_to (the chain's
+     * first pool, where a stage may end it, else the convolution that reads
+     * it).  A stage that begins after x_from, or ends before y_to, cuts the
+     * chain: the layer then reads (x) or writes (y) plain and reorders, a
+     * pass over that tensor in each of its forward, recompute,
+     * backward-data and backward-weights, which the simulator adds (timed
+     * as the boundary copy of the same bytes).  Facts of the model and the
+     * profiled device's layouts (saved with the profile) */
+    bool x_chain, y_chain;
+    int x_from, y_to;
     bool fused;             /* a relu a batch norm before it does
                                (gp_layer_specs_relu_fused): inside a stage its
                                forward, recompute and backward cost nothing;

@@ -492,9 +492,10 @@ static void workspace_seen(gp_device *dev, uint64_t searched, size_t *most)
  * devices like `dev` (gp_layers_blocked), so that each layer is timed as it
  * runs in a stage: a convolution inside a blocked chain without the
  * reorders around it.  A chain a stage boundary cuts runs plain at the cut
- * (the profile does not know the partition): those two layers are timed a
- * little fast.  Where a layer cannot be made here everything stays plain
- * (the main pass names the error). */
+ * (the profile does not know the partition): the convolutions at its ends
+ * reorder there, which the simulator adds (profile_chains).  Where a layer
+ * cannot be made here everything stays plain (the main pass names the
+ * error). */
 static void plan_blocks(const gp_layer_spec *specs, int L, const gp_skip_map *map,
                         const gp_shape *input, gp_device *dev, int64_t *in_blk,
                         int64_t *out_blk, int64_t *pop_blk)
@@ -824,6 +825,37 @@ static gp_status profile_plan(profile_run *r)
         plan_blocks(specs, L, &r->map, &r->input_shape, r->peer, r->blk, r->blk + L,
                     r->blk + 2 * L);
     return s;
+}
+
+/* gp_layer_mem's x_chain / y_chain from the one-stage layouts (r->blk):
+ * a convolution or residual block with a blocked side ends a chain there. */
+static void profile_chains(profile_run *r)
+{
+    const int L = r->L;
+    const int64_t *in_blk = r->blk, *out_blk = r->blk + L;
+#define REORDERS(k) (r->specs[k].type == GP_LAYER_CONV2D || r->specs[k].type == GP_LAYER_RESIDUAL)
+#define POOL(k)                                                                               \
+    (r->specs[k].type == GP_LAYER_MAXPOOL2D || r->specs[k].type == GP_LAYER_AVGPOOL2D ||      \
+     r->specs[k].type == GP_LAYER_GLOBAL_AVGPOOL)
+    for (int k = 0; k < L; k++) {
+        gp_layer_mem *mm = &r->out->mem[k];
+        mm->x_chain = mm->y_chain = false;
+        if (!REORDERS(k)) continue;
+        if (in_blk[k]) { /* the chain's start: the convolution before */
+            int a = k - 1;
+            while (a > 0 && !REORDERS(a)) a--;
+            mm->x_chain = REORDERS(a) && out_blk[a];
+            mm->x_from = a;
+        }
+        if (out_blk[k]) { /* its first pool, or the convolution that reads it */
+            int b = k + 1;
+            while (b < L && in_blk[b] && !POOL(b) && !REORDERS(b)) b++;
+            mm->y_chain = b < L && in_blk[b];
+            mm->y_to = b;
+        }
+    }
+#undef POOL
+#undef REORDERS
 }
 
 /* Cold caches: the model's parameter and gradient bytes, from a pass that
@@ -1186,6 +1218,7 @@ gp_status gp_profile_run(const gp_layer_spec *specs, int L, const int64_t input[
     out->evict_bytes = (int64_t)r.ev.bytes;
     out->first_trainable = L;
     if (s == GP_OK) s = profile_layers(&r);
+    if (s == GP_OK) profile_chains(&r);
     free(r.host);
     free(r.pool);
     free(r.outs);

@@ -97,6 +97,8 @@ static void put_profile(gp_json_writer *w, const gp_profile *p)
         gp_json_put_bool(w, "fused", m->fused);
         gp_json_put_bool(w, "end_unread", m->end_unread);
         gp_json_put_bool(w, "in_unread", m->in_unread);
+        if (m->x_chain) gp_json_put_int(w, "x_chain_from", m->x_from);
+        if (m->y_chain) gp_json_put_int(w, "y_chain_to", m->y_to);
         put_time(w, "flops_per_sample", m->flops_per_sample);
         put_time(w, "update", m->update);
         gp_json_open_array(w, "times");
@@ -390,6 +392,12 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
         m->end_unread = eu && eu->kind == GP_JSON_TRUE;
         const gp_json_value *iu = gp_json_get(o, "in_unread");
         m->in_unread = iu && iu->kind == GP_JSON_TRUE;
+        /* absent before 2026-11-29 (and where no chain ends at the layer):
+         * no reorder at a cut */
+        m->x_chain = gp_json_get(o, "x_chain_from") != NULL;
+        m->y_chain = gp_json_get(o, "y_chain_to") != NULL;
+        if (m->x_chain) m->x_from = (int)jint_req(&c, o, "x_chain_from", 0, k, where);
+        if (m->y_chain) m->y_to = (int)jint_req(&c, o, "y_chain_to", k + 1, out->L - 1, where);
         m->flops_per_sample = jnum_amount(&c, o, "flops_per_sample", where);
         m->update = jnum_amount(&c, o, "update", where);
         const gp_json_value *ts = jarr_req(&c, o, "times", out->n_sizes, where);

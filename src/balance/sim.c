@@ -31,16 +31,21 @@ gp_stage_times gp_stage_times_of(const gp_profile *p, const gp_layer_times *lt, 
                                  double upload, int j, int n, int first, int count)
 {
     gp_stage_times st = {0};
-    int ft = p->first_trainable;
-    for (int k = first; k < first + count; k++) {
+    int ft = p->first_trainable, last = first + count - 1;
+    for (int k = first; k <= last; k++) {
         if (p->mem[k].fused && k > first) continue; /* its batch norm's work */
-        st.F += lt[k].fwd;
-        if (!kept_at(p, first, first + count - 1, k)) st.R += lt[k].recompute;
+        /* a blocked chain this stage's edge cuts (gp_layer_mem.x_chain,
+         * y_chain): a reorder of x or of y in each pass */
+        const gp_layer_mem *mm = &p->mem[k];
+        double cut = (mm->x_chain && first > mm->x_from ? lt[k - 1].copy : 0) +
+                     (mm->y_chain && last < mm->y_to ? lt[k].copy : 0);
+        st.F += lt[k].fwd + cut;
+        if (!kept_at(p, first, last, k)) st.R += lt[k].recompute + cut;
         if (j > 0 || k > ft) {
-            st.Bd += lt[k].bwd_data;
-            st.W += lt[k].bwd_weights;
+            st.Bd += lt[k].bwd_data + cut;
+            st.W += lt[k].bwd_weights + cut;
         } else if (k == ft) {
-            st.W += lt[k].bwd_alone > 0 ? lt[k].bwd_alone : lt[k].bwd_weights;
+            st.W += (lt[k].bwd_alone > 0 ? lt[k].bwd_alone : lt[k].bwd_weights) + cut;
         }
         st.update += p->mem[k].update;
     }
