@@ -106,6 +106,13 @@ def main():
               "chunks: %d\n" % r3[3] in text and ck3 in text and
               ("replicas: %d" % r3[1] in text) == (r3[1] > 1),
               "--pick 3: exit %d, row %s: %s" % (rc, r3, text[-300:]))
+        # its replicas as `replicas: R` over one pipeline's devices (the list R
+        # derives), not a row each; and the memory the plan fitted it in (an
+        # H100's 80e9 bytes), which the run then checks
+        devline = [x for x in text.splitlines() if x.startswith("  devices: ")]
+        check(r3 and r3[1] > 1 and len(devline) == 1 and "[[" not in devline[0] and
+              devline[0].count("cuda:") == r3[0] and "  memory: 80000000000\n" in text,
+              "--pick 3's devices and memory: row %s: %s" % (r3, text[-400:]))
         rc, out = run("gpipe-balance", [llama, "--plan", "8", "--gpu", "h100", "--write", third,
                                         "--pick", "4000"], tmp)
         check(rc == 2 and "--pick 4000: the plan has" in out, "--pick past the list: exit %d: %s"
