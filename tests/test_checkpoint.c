@@ -639,18 +639,21 @@ static void fused(void)
 
     gp_stash a;
     CHECK_OK(gp_stash_init(&a, FZ, NULL, 0));
-    for (int mode = 0; mode < 2; mode++) { /* kept; checkpointed and recomputed */
+    /* kept; checkpointed and recomputed; kept with the split backward of
+     * the zero-bubble schedules (data, then weights) */
+    for (int mode = 0; mode < 3; mode++) {
         for (int k = 0; k < FZ; k++) gp_layer_grads_begin(&run[k]);
         uint64_t sk2 = run[2].relu_skipped, sk4 = run[4].relu_skipped, sk6 = run[6].relu_skipped,
                  sk9 = run[9].relu_skipped;
         CHECK_OK(gp_tensor_alloc(&a.in, dev, &xs, GP_MEM_ACTIVATIONS));
         CHECK_OK(gp_tensor_copy(&a.in, &in));
         int bad = -1;
-        CHECK_OK(gp_ckpt_forward(run, &ctx, mode ? GP_FWD_INPUT : GP_FWD_KEEP, &a, &bad));
+        CHECK_OK(gp_ckpt_forward(run, &ctx, mode == 1 ? GP_FWD_INPUT : GP_FWD_KEEP, &a, &bad));
         CHECK_MSG(same(&a.out, &out_ref), "fused, mode %d: the output differs", mode);
-        if (mode) CHECK_OK(gp_ckpt_recompute(run, &ctx, &a, &bad));
-        CHECK_MSG(run[2].relu_skipped == sk2 + 1 + mode && run[6].relu_skipped == sk6 + 1 + mode &&
-                      run[9].relu_skipped == sk9 + 1 + mode && run[4].relu_skipped == sk4,
+        int rc = mode == 1;
+        if (rc) CHECK_OK(gp_ckpt_recompute(run, &ctx, &a, &bad));
+        CHECK_MSG(run[2].relu_skipped == sk2 + 1 + rc && run[6].relu_skipped == sk6 + 1 + rc &&
+                      run[9].relu_skipped == sk9 + 1 + rc && run[4].relu_skipped == sk4,
                   "mode %d: relu forwards skipped %llu, %llu, %llu, %llu", mode,
                   (unsigned long long)(run[2].relu_skipped - sk2),
                   (unsigned long long)(run[4].relu_skipped - sk4),
@@ -661,7 +664,12 @@ static void fused(void)
         CHECK_OK(gp_tensor_copy(&dya, &dy));
         uint64_t bk2 = run[2].relu_bwd_skipped, bk4 = run[4].relu_bwd_skipped,
                  bk6 = run[6].relu_bwd_skipped, bk9 = run[9].relu_bwd_skipped;
-        CHECK_OK(gp_ckpt_backward(run, &ctx, &a, &dya, 0, &dxa, &bad));
+        if (mode < 2) {
+            CHECK_OK(gp_ckpt_backward(run, &ctx, &a, &dya, 0, &dxa, &bad));
+        } else {
+            CHECK_OK(gp_ckpt_backward_data(run, &ctx, &a, &dya, 0, &dxa, &bad));
+            CHECK_OK(gp_ckpt_backward_weights(run, &ctx, &a, 0, true, &bad));
+        }
         /* the fused relus' backwards were the norms' (in place: dx is dy) */
         CHECK_MSG(run[2].relu_bwd_skipped == bk2 + 1 && run[6].relu_bwd_skipped == bk6 + 1 &&
                       run[4].relu_bwd_skipped == bk4 && run[9].relu_bwd_skipped == bk9,

@@ -463,9 +463,9 @@ struct gp_layer {
      * gp_bn_desc.relu), and the relu, in place on the norm's output, then
      * has nothing left to do either way (relu_done, on the relu: its
      * forward checks that its output is its input; the stage's backward
-     * loop, gp_ckpt_backward, hands its gradient past it to the norm;
-     * the split backward of zero-bubble schedules still runs it, which the
-     * norm's mask then repeats to no effect).  Values stay bit for bit the
+     * loop, gp_ckpt_backward, hands its gradient past it to the norm, and
+     * so does the split backward of zero-bubble schedules,
+     * gp_ckpt_backward_data).  Values stay bit for bit the
      * unfused ones (relu is idempotent; the mask is relu_bwd's rule on the
      * same value).  relu_skipped and relu_bwd_skipped count the relu's
      * skipped forwards and backwards.  After a linear layer relu_after and
