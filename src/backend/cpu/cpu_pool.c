@@ -229,6 +229,20 @@ static void pool_block_plane(const gp_pool_desc *d, bool fwd, const float *in, f
     else pool_block_bwd(d, in, out, ws);
 }
 
+/* The maximum of a 2x2 window read in scan order (a, b / c, e), and its
+ * position: the first on ties, as the generic loop. */
+static inline __attribute__((always_inline)) float max4(float a, float b, float c, float e,
+                                                        uint8_t *pos)
+{
+    float m = a;
+    uint8_t k = 0;
+    k = b > m ? 1 : k; m = b > m ? b : m;
+    k = c > m ? 2 : k; m = c > m ? c : m;
+    k = e > m ? 3 : k; m = e > m ? e : m;
+    *pos = k;
+    return m;
+}
+
 /* 2x2 stride-2 max pooling without padding (the common case): branch-free
  * selects over a row of outputs, which the compiler vectorises. */
 GP_CPU_LOOPS
@@ -240,14 +254,8 @@ static void max2x2_plane(const gp_pool_desc *d, const float *xp, float *yp, uint
         uint8_t *wo = wp ? wp + oh * d->ow : NULL;
 #pragma omp simd
         for (int64_t ow = 0; ow < d->ow; ow++) {
-            float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], e = r1[2 * ow + 1];
-            /* first maximum in scan order (a, b, c, e), like the generic loop */
-            float m = a;
-            uint8_t k = 0;
-            k = b > m ? 1 : k; m = b > m ? b : m;
-            k = c > m ? 2 : k; m = c > m ? c : m;
-            k = e > m ? 3 : k; m = e > m ? e : m;
-            yo[ow] = m;
+            uint8_t k;
+            yo[ow] = max4(r0[2 * ow], r0[2 * ow + 1], r1[2 * ow], r1[2 * ow + 1], &k);
             if (wo) wo[ow] = k;
         }
     }
@@ -257,8 +265,8 @@ static void max2x2_plane(const gp_pool_desc *d, const float *xp, float *yp, uint
  * under 16, less than one AVX-512 vector: max2x2_plane's loop then ran
  * only its scalar tail, a branch per output, which after a relu
  * mispredicts half the time: 0.31 ms a call for (16, 64, 14, 14) inside a
- * pipeline's stage, 3.7x the blocked layout's; bench/README.md, "Plain
- * pooling of small planes"): every output of the plane in one loop, its
+ * pipeline's stage, 3.7x the blocked layout's; bench/README.md, "Chains
+ * cut at a stage's edge"): every output of the plane in one loop, its
  * window's top-left at tab[o] (gather_table), the same selects in the same
  * order, so the same bits.  Not cloned: the x86-64 baseline's four lanes
  * load each element on their own, which on this processor ran the shape
@@ -270,13 +278,8 @@ max2x2_gather_run(int64_t n, int32_t w, const int32_t *restrict tab, const float
 #pragma omp simd
     for (int64_t o = 0; o < n; o++) {
         int32_t i = tab[o];
-        float a = xp[i], b = xp[i + 1], c = xp[i + w], e = xp[i + w + 1];
-        float m = a;
-        uint8_t k = 0;
-        k = b > m ? 1 : k; m = b > m ? b : m;
-        k = c > m ? 2 : k; m = c > m ? c : m;
-        k = e > m ? 3 : k; m = e > m ? e : m;
-        yp[o] = m;
+        uint8_t k;
+        yp[o] = max4(xp[i], xp[i + 1], xp[i + w], xp[i + w + 1], &k);
         if (keep) wp[o] = k;
     }
 }
