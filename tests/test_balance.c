@@ -1606,12 +1606,6 @@ static void test_bf16_copy_memory(void)
     printf("test_balance: bf16 copies in the memory model: %d of 18 cases wrong\n", bad);
 }
 
-/* Skips in the cost model: on four one-layer stages (layer k's output copy
- * takes 10 (k + 1), holds 100 (k + 1) bytes per sample), a skip from layer 0
- * to layer 3 adds its copy to stage 3's receive and its gradient's to stage
- * 0's, nothing to stages 1 and 2 (it is not routed through them), and
- * raises the peak bytes of stages 0 and 3 only; a profile keeps its skips
- * through JSON, and they change its model hash. */
 /* A blocked chain a stage's edge cuts (gp_layer_mem.x_chain, y_chain): on
  * configs/default.yaml's convnet the profile marks the first convolution's
  * output blocked to its pool and the second's input blocked from the
@@ -1706,6 +1700,12 @@ static void test_chain_cuts(void)
     gp_config_free(&cfg);
 }
 
+/* Skips in the cost model: on four one-layer stages (layer k's output copy
+ * takes 10 (k + 1), holds 100 (k + 1) bytes per sample), a skip from layer 0
+ * to layer 3 adds its copy to stage 3's receive and its gradient's to stage
+ * 0's, nothing to stages 1 and 2 (it is not routed through them), and
+ * raises the peak bytes of stages 0 and 3 only; a profile keeps its skips
+ * through JSON, and they change its model hash. */
 static void test_skip_costs(void)
 {
     enum { N = 4, M = 4, S = 2 };
@@ -2015,11 +2015,6 @@ static void test_profile_search(void)
  * stages the skip from stage 0 to stage 3 is held for 3 micro-batches;
  * until 2026-11-25 the planner counted one and stage 0 measured up to
  * 1.43x its plan (0.70). */
-/* Two pipelined steps of cfg's U-Net on its nd devices (the first
- * allocates the caches), then each device's allocator peak of the second
- * against want[] (the planner's or the simulator's, `what`): the number of
- * devices whose ratio is under 0.85 or over 2, each printed on the last
- * attempt (and with GPIPE_TEST_VERBOSE). */
 /* The computations the executor ran in its last step, device by device in
  * its order, as a schedule file of n ranks and S stages placed in a V. */
 static void executed_file(const gp_model *model, int n, int S, int m, gp_schedule_file *f)
@@ -2060,6 +2055,11 @@ static void resimulate(const gp_model *model, const gp_config *cfg, const gp_pro
     for (int d = 0; d < nd; d++) free(f.acts[d]);
 }
 
+/* Two pipelined steps of cfg's U-Net on its nd devices (the first
+ * allocates the caches), then each device's allocator peak of the second
+ * against want[] (the planner's or the simulator's, `what`; with resim, simulated again on the lists it ran): the number of
+ * devices whose ratio is under 0.85 or over 2, each printed on the last
+ * attempt (and with GPIPE_TEST_VERBOSE). */
 static int peaks_bad(gp_config *cfg, int nd, double *want, const char *unit,
                      const char *what, bool last, const gp_profile *resim)
 {

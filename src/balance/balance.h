@@ -105,7 +105,7 @@ typedef struct gp_layer_mem {
                                layer, a forward that keeps frees the stage
                                input after it ran (checkpoint.c,
                                drop_unread_input) */
-    /* A convolution (or residual block) at an end of a blocked chain
+    /* A convolution at an end of a blocked chain
      * (gp_layers_blocked) of the one-stage run the profile times it in:
      * x_chain, its input blocked there, by the chain that begins at layer
      * x_from; y_chain, its output blocked, up to layer y_to (the chain's
@@ -115,7 +115,9 @@ typedef struct gp_layer_mem {
      * pass over that tensor in each of its forward, recompute,
      * backward-data and backward-weights, which the simulator adds (timed
      * as the boundary copy of the same bytes).  Facts of the model and the
-     * profiled device's layouts (saved with the profile) */
+     * profiled device's layouts (saved with the profile).  A residual
+     * block's chains are not marked: a cut there turns a run of blocks
+     * plain (profile.c, profile_chains), which is not modelled */
     bool x_chain, y_chain;
     int x_from, y_to;
     bool fused;             /* a relu a batch norm before it does

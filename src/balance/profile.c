@@ -828,12 +828,15 @@ static gp_status profile_plan(profile_run *r)
 }
 
 /* gp_layer_mem's x_chain / y_chain from the one-stage layouts (r->blk):
- * a convolution or residual block with a blocked side ends a chain there. */
+ * a convolution with a blocked side ends a chain there.  Not a residual
+ * block: a cut beside one turns the run of identity blocks after (or
+ * before) it plain too (gp_layers_blocked bars each in turn), more than
+ * one pass over one tensor, which is not modelled. */
 static void profile_chains(profile_run *r)
 {
     const int L = r->L;
     const int64_t *in_blk = r->blk, *out_blk = r->blk + L;
-#define REORDERS(k) (r->specs[k].type == GP_LAYER_CONV2D || r->specs[k].type == GP_LAYER_RESIDUAL)
+#define REORDERS(k) (r->specs[k].type == GP_LAYER_CONV2D)
 #define POOL(k)                                                                               \
     (r->specs[k].type == GP_LAYER_MAXPOOL2D || r->specs[k].type == GP_LAYER_AVGPOOL2D ||      \
      r->specs[k].type == GP_LAYER_GLOBAL_AVGPOOL)
@@ -841,7 +844,7 @@ static void profile_chains(profile_run *r)
         gp_layer_mem *mm = &r->out->mem[k];
         mm->x_chain = mm->y_chain = false;
         if (!REORDERS(k)) continue;
-        if (in_blk[k]) { /* the chain's start: the convolution before */
+        if (in_blk[k] && k > 0) { /* the chain's start: the convolution before */
             int a = k - 1;
             while (a > 0 && !REORDERS(a)) a--;
             mm->x_chain = REORDERS(a) && out_blk[a];

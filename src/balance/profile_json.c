@@ -396,7 +396,7 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
          * no reorder at a cut */
         m->x_chain = gp_json_get(o, "x_chain_from") != NULL;
         m->y_chain = gp_json_get(o, "y_chain_to") != NULL;
-        if (m->x_chain) m->x_from = (int)jint_req(&c, o, "x_chain_from", 0, k, where);
+        if (m->x_chain) m->x_from = (int)jint_req(&c, o, "x_chain_from", 0, k - 1, where);
         if (m->y_chain) m->y_to = (int)jint_req(&c, o, "y_chain_to", k + 1, out->L - 1, where);
         m->flops_per_sample = jnum_amount(&c, o, "flops_per_sample", where);
         m->update = jnum_amount(&c, o, "update", where);
