@@ -117,31 +117,6 @@ static const char *yaml_size(size_t b, char *buf, size_t len)
     return buf;
 }
 
-/* Whether replica r's devices are replica 0's with their indices shifted by
- * r x (devices a replica), as a plain list with `replicas: R` derives them
- * (docs/config.md), each with the same memory and threads: then --write
- * gives that list, not a row per replica (64 GPUs' rows ran to a line of
- * 1,000 characters). */
-static bool rows_shifted(const gp_pipeline_config *pc, int rows)
-{
-    const int n = pc->n_devices;
-    for (int r = 1; r < rows; r++)
-        for (int j = 0; j < n; j++) {
-            const gp_device_spec *a = &pc->devices[j], *b = &pc->devices[r * n + j];
-            gp_device_kind ka, kb;
-            int ia, ib;
-            if (gp_device_parse(a->name, &ka, &ia) != GP_OK ||
-                gp_device_parse(b->name, &kb, &ib) != GP_OK) {
-                gp_error_clear();
-                return false;
-            }
-            if (ka != kb || ib != ia + r * n || a->memory != b->memory ||
-                a->threads != b->threads)
-                return false;
-        }
-    return true;
-}
-
 static gp_status write_config(const char *out_path, const gp_config *cfg, const int *balance)
 {
     char *text = NULL;
@@ -159,8 +134,9 @@ static gp_status write_config(const char *out_path, const gp_config *cfg, const 
     free(text);
     const gp_pipeline_config *pc = &cfg->pipeline;
     /* with replicas, a row per replica: the devices each one was given,
-     * unless replicas: R derives the same from the first row's */
-    int all = gp_pipeline_replicas(pc), rows = all > 1 && rows_shifted(pc, all) ? 1 : all;
+     * unless replicas: R derives the same from the first row's (64 GPUs'
+     * rows ran to a line of 1,000 characters) */
+    int all = gp_pipeline_replicas(pc), rows = gp_pipeline_replicas_shifted(pc) ? 1 : all;
     fputs("\n# pipeline section written by gpipe-balance\npipeline:\n  devices: [", o);
     for (int r = 0; r < rows; r++) {
         if (rows > 1) fputs(r ? ", [" : "[", o);
@@ -537,8 +513,7 @@ static int run_plan(gp_config *cfg, int N, const char *gpu, double memory, int t
         pc->threads = gpu ? 0 : 1;
         /* the memory the plan fitted the layouts in (--memory, a GPU's
          * own, or the config's), so that the run checks the same */
-        if (memory > 0) pc->memory = (size_t)memory;
-        else if (r.capacity > 0) pc->memory = (size_t)r.capacity;
+        if (r.capacity > 0) pc->memory = (size_t)r.capacity;
         gp_status ws = write_config(write_path, cfg, b->balance);
         if (ws != GP_OK) {
             fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());

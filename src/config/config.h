@@ -115,6 +115,10 @@ static inline int gp_pipeline_replicas(const gp_pipeline_config *pc)
 {
     return pc->replicas > 1 ? pc->replicas : 1;
 }
+/* Whether every replica's devices are the first replica's with their
+ * indices shifted by r x n_devices, each spec otherwise the same: what a
+ * plain list with replicas: R derives (so a writer may give that). */
+bool gp_pipeline_replicas_shifted(const gp_pipeline_config *pc);
 /* Devices of all replicas: n_devices x replicas. */
 static inline int gp_pipeline_devices_total(const gp_pipeline_config *pc)
 {

@@ -166,6 +166,36 @@ static gp_status parse_device_grid(gp_cfg_walk *w, const gp_ynode *dv, const gp_
     return check_all_distinct(w, dv, pc);
 }
 
+/* Replica r's copy of device j of a plain list: its index shifted by r x
+ * (devices listed), into d (the rest of the spec copied); the shifted
+ * index, or -1 where the name does not parse. */
+static int shifted_device(const gp_pipeline_config *pc, int r, int j, gp_device_spec *d)
+{
+    gp_device_kind kind;
+    int index;
+    if (gp_device_parse(pc->devices[j].name, &kind, &index) != GP_OK) return -1;
+    int at = index + r * pc->n_devices;
+    *d = pc->devices[j];
+    if (at <= 4095) gp_device_format(kind, at, d->name, sizeof d->name);
+    return at;
+}
+
+bool gp_pipeline_replicas_shifted(const gp_pipeline_config *pc)
+{
+    const int n = pc->n_devices;
+    for (int r = 1; r < gp_pipeline_replicas(pc); r++)
+        for (int j = 0; j < n; j++) {
+            gp_device_spec d;
+            const gp_device_spec *b = &pc->devices[r * n + j];
+            int at = shifted_device(pc, r, j, &d);
+            if (at < 0) gp_error_clear();
+            if (at < 0 || at > 4095 || strcmp(d.name, b->name) || d.memory != b->memory ||
+                d.threads != b->threads)
+                return false;
+        }
+    return true;
+}
+
 /* replicas: R with a plain device list: replica r runs on the listed
  * devices with their indices shifted by r x (devices listed), so
  * [cpu:0, cpu:1] with replicas: 2 adds [cpu:2, cpu:3]. */
@@ -180,18 +210,15 @@ static gp_status derive_replicas(gp_cfg_walk *w, const gp_ynode *at, const gp_yn
                           GP_MAX_DEVICES, GP_MAX_DEVICES / n, n, n == 1 ? "" : "s");
     for (int r = 1; r < pc->replicas; r++)
         for (int j = 0; j < n; j++) {
-            gp_device_kind kind;
-            int index;
-            if (gp_device_parse(pc->devices[j].name, &kind, &index) != GP_OK)
-                return gp_cfg_bad(w, at, "pipeline.devices: %s", gp_error_message());
-            if (index + r * n > 4095) /* what gp_device_parse takes */
+            gp_device_spec d;
+            int index = shifted_device(pc, r, j, &d);
+            if (index < 0) return gp_cfg_bad(w, at, "pipeline.devices: %s", gp_error_message());
+            if (index > 4095) /* what gp_device_parse takes */
                 return gp_cfg_bad(w, at, "replica %d's copy of %s would be device index %d, past "
                                   "4095 (replica r runs on the listed devices shifted by r x %d); "
                                   "list every replica's devices as rows instead",
-                                  r, pc->devices[j].name, index + r * n, n);
-            gp_device_spec *d = &pc->devices[r * n + j];
-            *d = pc->devices[j];
-            gp_device_format(kind, index + r * n, d->name, sizeof d->name);
+                                  r, pc->devices[j].name, index, n);
+            pc->devices[r * n + j] = d;
         }
     gp_cfg_note(w, "pipeline.devices of replicas 1..%d: the listed devices shifted by %d per "
                 "replica", pc->replicas - 1, n);
