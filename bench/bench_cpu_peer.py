@@ -84,7 +84,11 @@ def native_blas_core():
 
 
 def blas_check():
-    """The BLAS that numpy/torch will load: refuse the reference one."""
+    """The BLAS that torch's products run on: MKL where the wheel carries it
+    (PyPI's), else libblas.so.3, whose reference build is refused."""
+    import torch
+    if torch.backends.mkl.is_available():
+        return "mkl/"
     try:
         real = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
     except OSError:
@@ -187,7 +191,6 @@ def main():
             with open(copies[-1], "w") as f:
                 yaml.safe_dump(cfg, f)
         configs = copies
-    blas = blas_check()
     env = dict(os.environ)
     core = None
     if args.isa == "avx2":
@@ -197,6 +200,7 @@ def main():
         if core:
             env["OPENBLAS_CORETYPE"] = core
     import torch
+    blas = blas_check()
     print("%s; --isa %s%s; --precision %s; --activations %s; --optimizer %s; torch %s (%s%s); "
           "%d threads; median of %d steps, median of %d runs"
           % (cpu_name(), args.isa, " (emulated: %s)" % " ".join("%s=%s" % kv for kv in
