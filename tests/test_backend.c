@@ -1388,10 +1388,12 @@ static void test_blocked(gp_device *dev)
 static void test_gemm(gp_device *dev)
 {
     /* Shapes: a small one, and short wide ones (2m <= n, k >= 64) that the
-     * CPU backend runs transposed (cpu_math.c gemm_wide_nt), the last one
-     * large enough for its threaded transposes. */
-    static const int64_t shapes[][3] = {{13, 7, 11}, {5, 40, 70}, {64, 600, 600}};
-    for (int sh = 0; sh < 3; sh++)
+     * CPU backend runs transposed (cpu_math.c gemm_wide_nt; from m = 32 on
+     * only where it computes in AVX-512: the AVX2 pass runs them plain),
+     * the last one large enough for its threaded transposes. */
+    static const int64_t shapes[][3] = {{13, 7, 11}, {5, 40, 70}, {31, 70, 64}, {32, 64, 96},
+                                        {64, 600, 600}};
+    for (int sh = 0; sh < 5; sh++)
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++)
             for (int acc = 0; acc < 2; acc++) {

@@ -410,7 +410,21 @@ static void transpose(gp_device *dev, const float *src, int64_t rows, int64_t co
  * The two transposes move 4 m (k + n) bytes, about 1% of the gemm's time at
  * these sizes.  Returns false (caller runs the plain call) when the arena
  * cannot grow, e.g. under a device memory capacity.
+ *
+ * oneDNN's AVX2 kernels see it the other way round: on an AVX2-only AMD
+ * EPYC (Zen 3, 2 threads, n = k = 512-4096) the plain NT call is faster
+ * from m = 32 on (1.05-1.9x at m 64-512; the mlp's 256 x 2048 x 2048
+ * forward 133 GFLOP/s against 92 transposed) and slower only below (1.1-1.5x
+ * at m = 16): so where CPU devices compute in AVX2 (gp_cpu_isa_has, the one
+ * switch), only m < 32 runs transposed.  A function of the shape and the
+ * instruction set only, so every device of a run takes the same path.
  */
+static bool wide_nt_worth(int64_t m, int64_t n, int64_t k)
+{
+    if (2 * m > n || k < 64) return false;
+    return m < 32 || gp_cpu_isa_has(dnnl_cpu_isa_avx512_core);
+}
+
 static bool gemm_wide_nt(gp_device *dev, int64_t m, int64_t n, int64_t k, float alpha,
                          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                          float *c, int64_t ldc)
@@ -443,7 +457,8 @@ static gp_status gemm(gp_device *dev, int trans_a, int trans_b, int64_t m, int64
     if (gp_cpu_ctx_of(dev)->bf16 && gp_bf16_gemm_worth(m, n, k))
         return gp_cpu_gemm_bf16(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
                                 ldc, b_weights);
-    if (!trans_a && trans_b && 2 * m <= n && k >= 64 && gemm_wide_nt(dev, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+    if (!trans_a && trans_b && wide_nt_worth(m, n, k) &&
+        gemm_wide_nt(dev, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
         return GP_OK;
     GP_DNNL_RET(dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha,
                            a, lda, b, ldb, beta, c, ldc));
