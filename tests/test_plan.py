@@ -63,11 +63,16 @@ def main():
     gpt2 = os.path.join(SRC, "configs", "gpt2.yaml")
     llama = os.path.join(SRC, "configs", "llama-tiny.yaml")
     try:
-        rc, out = run("gpipe-balance", [gpt2, "--plan", "8", "--gpu", "h100", "--top", "400"], tmp)
+        # Under a sanitizer (CI's ASan stage, where GPT-2's plan took 3 of
+        # this test's 3.3 minutes) the same checks run on llama-tiny's plan,
+        # a twelfth of the work; the plain build checks GPT-2's.
+        first = llama if os.environ.get("GPIPE_SANITIZED") else gpt2
+        rc, out = run("gpipe-balance", [first, "--plan", "8", "--gpu", "h100", "--top", "400"],
+                      tmp)
         rows = layouts(out)
         head, ruled = counts(out)
-        check(rc == 0 and len(rows) >= 5, "gpt2 on 8 H100s: exit %d, %d layouts: %s"
-              % (rc, len(rows), out[-800:]))
+        check(rc == 0 and len(rows) >= 5, "%s on 8 H100s: exit %d, %d layouts: %s"
+              % (os.path.basename(first), rc, len(rows), out[-800:]))
         check(all(n * r == 8 for n, r, *_ in rows), "every layout uses the 8 devices")
         kinds = set(x[2] for x in rows)
         check({"gpipe", "1f1b", "zb-h1", "interleaved", "zb-v", "dualpipe-v", "v-half",
