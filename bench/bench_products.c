@@ -22,7 +22,13 @@
  * run) for every library, and for the best library per shape.
  *
  *   bench_products [--threads N] [--isa native|avx2] [--mkl PATH]
- *                  [--only mlp|gpt]
+ *                  [--only mlp|gpt] [--interleave]
+ *
+ * --interleave times the libraries in turn, one call each a round, rather
+ * than each library's repetitions back to back: what a step that took
+ * each shape from a different library would see, each library's idle
+ * threads spinning beside the next one's (OpenBLAS's pthreads against
+ * libgomp's on 2 cores: bench/README.md).
  *
  * --isa avx2 caps every library at AVX2 as an AVX2-only processor would run
  * it: GPIPE_CPU_ISA=avx2 (oneDNN), OPENBLAS_CORETYPE=Haswell,
@@ -237,14 +243,16 @@ static double check(const prod *p, const float *a, const float *b, const float *
 int main(int argc, char **argv)
 {
     const char *isa = "native", *mkl_path = NULL, *only = NULL;
+    bool interleave = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) isa = argv[++i];
         else if (!strcmp(argv[i], "--mkl") && i + 1 < argc) mkl_path = argv[++i];
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--interleave")) interleave = true;
         else {
             fprintf(stderr, "usage: bench_products [--threads N] [--isa native|avx2] "
-                            "[--mkl PATH] [--only mlp|gpt]\n");
+                            "[--mkl PATH] [--only mlp|gpt] [--interleave]\n");
             return strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -295,24 +303,39 @@ int main(int argc, char **argv)
         printf("| %s | %s | %lld %lld %lld %s%s |", p->model, p->what, (long long)p->m,
                (long long)p->n, (long long)p->k, p->ta ? "T" : "N", p->tb ? "T" : "N");
         char errs[NLIBS][32];
+        bool ok[NLIBS];
+        static double t[NLIBS][64];
+        int nt[NLIBS] = {0};
         for (int l = 0; l < NLIBS; l++) {
             memset(c, 0, (size_t)(p->m * p->n) * sizeof *c);
-            if (!run(l, p, &x, a, b, c)) {
-                printf(" - |");
-                snprintf(errs[l], sizeof errs[l], "-");
-                continue;
-            }
-            snprintf(errs[l], sizeof errs[l], "%.0e", check(p, a, b, c));
-            double t[64];
-            int n = 0;
+            ok[l] = run(l, p, &x, a, b, c);
+            if (ok[l]) snprintf(errs[l], sizeof errs[l], "%.0e", check(p, a, b, c));
+            else snprintf(errs[l], sizeof errs[l], "-");
+            if (!ok[l] || interleave) continue;
             double t_end = gp_now() + 0.3;
             for (int w = 0; w < 3; w++) run(l, p, &x, a, b, c);
-            while (n < 64 && (n < 7 || gp_now() < t_end)) {
+            while (nt[l] < 64 && (nt[l] < 7 || gp_now() < t_end)) {
                 double t0 = gp_now();
                 run(l, p, &x, a, b, c);
-                t[n++] = gp_now() - t0;
+                t[l][nt[l]++] = gp_now() - t0;
             }
-            double med = gp_bench_median(t, n);
+        }
+        /* --interleave: every library once a round, in turn, as a step that
+         * mixed them would call them (each library's own threads then wait
+         * beside the others': 2 warm-up rounds, 15 timed) */
+        for (int r = 0; interleave && r < 17; r++)
+            for (int l = 0; l < NLIBS; l++) {
+                if (!ok[l]) continue;
+                double t0 = gp_now();
+                run(l, p, &x, a, b, c);
+                if (r >= 2) t[l][nt[l]++] = gp_now() - t0;
+            }
+        for (int l = 0; l < NLIBS; l++) {
+            if (!ok[l]) {
+                printf(" - |");
+                continue;
+            }
+            double med = gp_bench_median(t[l], nt[l]);
             printf(" %.0f |", flop / med / 1e9);
             lib_sum[mi][l] += med * p->count;
             if (med < t_best) t_best = med, l_best = l;

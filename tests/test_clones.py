@@ -47,6 +47,7 @@ UNCLONED_OK = {
     "pool_planes_run": "per-plane bodies are GP_CPU_LOOPS (cpu_pool.c)",
     "pool_bf16": "per-plane bodies are GP_CPU_LOOPS",
     "swiglu_run": "per-row-range bodies are GP_CPU_LOOPS (swiglu_rows)",
+    "gelu_run": "per-range bodies are GP_CPU_LOOPS (gelu_span)",
     "gp_cpu_zero_many": "memset per tensor",
     "reduce_own_chunk": "the collectives' sums: memory-bound, one add a load (cpu_comm.c)",
     "gp_cpu_sharded_sgd": "the replicas' fused update: memory-bound (cpu_comm.c)",

@@ -46,8 +46,9 @@ SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPUS = {"Haswell-noTSX": ("avx2", "AVX2", "AVX2 (x86-64-v3)"),
         "Nehalem": ("sse41", "SSE4.1", "x86-64 baseline")}
 TRAIN_CPUS = ("Nehalem",)  # (c)
-# QEMU 7.2 computes oneDNN's AVX2 GELU kernel (eltwise gelu_tanh, JIT)
-# wrongly: test_layers' GELU checks fail by 0.3 as Haswell, where the same
+# QEMU 7.2 computed oneDNN's AVX2 GELU kernel (eltwise gelu_tanh, JIT;
+# gpipe's own loop since 2026-11-30, cpu_math.c) wrongly: test_layers'
+# GELU checks failed by 0.3 as Haswell, where the same
 # kernel passes natively (CI's AVX2 pass: dnnl_set_max_cpu_isa(avx2)
 # picks it too) and on issue 76's real Zen 3.  An emulator defect, so
 # test_layers runs as Nehalem only (oneDNN's SSE4.1 kernels), and

@@ -959,11 +959,11 @@ typedef struct gp_device_iface {
     /* --- Transformer layers (optional; appended last) ---
      * gelu_fwd: y = gp_ew_gelu(x) (GPT-2's tanh form), element by element;
      * y may be x.  gelu_bwd: dx = gp_ew_gelu_bwd(x, dy), from the input x
-     * (dx =).  CPU: oneDNN's eltwise gelu_tanh (cpu_dnnl.c; until
-     * 2026-11-26 a loop over elementwise.h's tanhf, the CUDA kernels' float
-     * operations, but ~20x slower: its values differ from them by an ulp
-     * or two, within what test_layers and test_cuda allow); CUDA:
-     * cuda_kernels.cu.
+     * (dx =).  CPU: gpipe's own loop in the sigmoid form x sigmoid(2u)
+     * (cpu_math.c, vectorised through gp_cpu_exp; oneDNN's gelu_tanh from
+     * 2026-11-26 to 11-30, a loop over elementwise.h's tanhf before): its
+     * values differ from the tanh form's by an ulp or two, within what
+     * test_layers and test_cuda allow; CUDA: cuda_kernels.cu.
      * NULL: the gp_dev_* wrappers return GP_ERR_UNSUPPORTED naming the
      * device and the layer. */
     gp_status (*gelu_fwd)(gp_device *dev, const float *x, float *y, int64_t n);

@@ -267,7 +267,7 @@ static const gp_device_iface cpu_iface = {
     .leaky_relu_fwd = gp_cpu_leaky_relu_fwd,
     .leaky_relu_bwd = gp_cpu_leaky_relu_bwd,
     .act_bf16 = gp_cpu_act_bf16,
-    /* GELU as its FP32 slot: oneDNN's gelu_tanh, on bf16 memory */
+    /* GELU: the FP32 slot's loop on the widened values (cpu_math.c) */
     .act_bf16_kinds = 1u << GP_ACT_RELU | 1u << GP_ACT_LEAKY_RELU | 1u << GP_ACT_GELU,
     .mul_rows = gp_cpu_mul_rows,
     .upsample_fwd = gp_cpu_upsample_fwd,

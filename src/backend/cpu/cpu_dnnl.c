@@ -1076,8 +1076,9 @@ gp_status gp_cpu_linear_gelu_fwd(gp_device *dev, gp_dtype dt, int64_t n, int64_t
 }
 
 /* linear_gelu_bwd_data (backend.h): dx = dy w, then GELU's backward from
- * pre over dx in place (oneDNN takes diff_src on diff_dst): the bits of
- * the product's dx and the GELU layer's backward after it. */
+ * pre over dx in place (cpu_math.c's loop reads each value before it
+ * writes it): the bits of the product's dx and the GELU layer's backward
+ * after it. */
 gp_status gp_cpu_linear_gelu_bwd_data(gp_device *dev, gp_dtype dt, int64_t n, int64_t out,
                                       int64_t in, const void *dy, const float *w,
                                       const void *pre, void *dx)
@@ -1124,106 +1125,3 @@ gp_status gp_cpu_log_softmax(gp_device *dev, const float *x, float *y, int64_t r
     return op_run(dev, op, p);
 }
 
-/* ---- GELU (GPT-2's tanh form) ---------------------------------------------------
- * oneDNN's eltwise gelu_tanh, forward and backward (from the input), JIT'd
- * for the ISA it finds: the plain loop over tanhf (cpu_math.c's before
- * 2026-11-26) took 24 ns an element on an AVX2 EPYC, oneDNN's ~1 (bench/README.md,
- * "GELU").  Its values differ from gp_ew_gelu's by an ulp or two (its own
- * tanh), within the tolerance test_layers holds every backend's gelu to. */
-
-typedef struct {
-    int64_t n;
-    int backward;
-    int b16; /* the values bf16 (act_bf16's GELU): oneDNN widens, computes in FP32, rounds */
-} gelu_desc;
-
-static gp_status build_gelu(gp_cpu_ctx *ctx, cpu_op *op, const void *desc)
-{
-    const gelu_desc *g = desc;
-    gp_status st = GP_OK;
-    dnnl_memory_desc_t md;
-    dnnl_eltwise_desc_t fd, bd;
-    dnnl_primitive_desc_t hint = NULL;
-    size_t temp = 0;
-    GP_TRY(md_init_t(&md, 1, &g->n, g->b16 ? dnnl_bf16 : dnnl_f32, dnnl_a));
-    GP_DNNL(dnnl_eltwise_forward_desc_init(&fd, dnnl_forward_training, dnnl_eltwise_gelu_tanh,
-                                           &md, 0.0f, 0.0f));
-    if (!g->backward) {
-        GP_TRY(op_create_pd(ctx, op, &fd, NULL));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SRC, 0, CPU_ARG_IN, &md, &temp));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_DST, 1, CPU_ARG_OUT, &md, &temp));
-    } else {
-        GP_TRY(make_hint_pd(ctx, &fd, &hint));
-        GP_DNNL(dnnl_eltwise_backward_desc_init(&bd, dnnl_eltwise_gelu_tanh, &md, &md, 0.0f,
-                                                0.0f));
-        GP_TRY(op_create_pd(ctx, op, &bd, hint));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_SRC, 0, CPU_ARG_IN, &md, &temp));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_DIFF_DST, 1, CPU_ARG_IN, &md, &temp));
-        GP_TRY(op_add_arg(ctx, op, DNNL_ARG_DIFF_SRC, 2, CPU_ARG_OUT, &md, &temp));
-    }
-    st = op_finish(ctx, op, temp);
-fail:
-    if (hint) dnnl_primitive_desc_destroy(hint);
-    return st;
-}
-
-static gp_status gelu_op(gp_device *dev, int64_t n, int backward, int b16, cpu_op **op)
-{
-    cpu_key key = {{backward ? CPU_OP_GELU_BWD : CPU_OP_GELU_FWD, n, b16, 0, 0, 0, 0, 0, 0, 0, 0,
-                    0, 0, 0, 0, 0}};
-    gelu_desc g = {n, backward, b16};
-    return op_get(dev, &key, build_gelu, &g, backward ? "a GELU backward" : "a GELU", op);
-}
-
-gp_status gp_cpu_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
-{
-    if (n == 0) return GP_OK;
-    cpu_op *op = NULL;
-    GP_TRY(gelu_op(dev, n, 0, 0, &op));
-    void *p[2] = {(void *)x, y};
-    return op_run(dev, op, p);
-}
-
-gp_status gp_cpu_gelu_bwd(gp_device *dev, const float *x, const float *dy, float *dx, int64_t n)
-{
-    if (n == 0) return GP_OK;
-    cpu_op *op = NULL;
-    GP_TRY(gelu_op(dev, n, 1, 0, &op));
-    void *p[3] = {(void *)x, (void *)dy, dx};
-    return op_run(dev, op, p);
-}
-
-/* act_bf16's GELU: the same primitive on bf16 memory (dy NULL: forward),
- * oneDNN's FP32 arithmetic on the widened values and one rounding of each
- * result (test_bf16 checks it against the FP32 slot's values rounded: the
- * same but for NaN payloads and results below bf16's smallest normal,
- * which oneDNN flushes to zero).  oneDNN has no bf16 eltwise below
- * AVX-512: there the FP32 slot runs on widened copies in workspace, the
- * storage adapter's bits without its launches. */
-static gp_status gelu_bf16_widened(gp_device *dev, const uint16_t *x, const uint16_t *dy,
-                                   uint16_t *out, int64_t n)
-{
-    float *t = NULL;
-    size_t bytes = (size_t)n * (dy ? 2 : 1) * sizeof(float);
-    GP_TRY(gp_dev_alloc(dev, bytes, GP_MEM_WORKSPACE, (void **)&t));
-    float *g = dy ? t + n : NULL;
-    gp_status s = gp_cpu_bf16_unpack(dev, t, x, n);
-    if (s == GP_OK && dy) s = gp_cpu_bf16_unpack(dev, g, dy, n);
-    /* in place as oneDNN allows it: dst on src, diff_src on diff_dst */
-    if (s == GP_OK) s = dy ? gp_cpu_gelu_bwd(dev, t, g, g, n) : gp_cpu_gelu_fwd(dev, t, t, n);
-    if (s == GP_OK) s = gp_cpu_bf16_pack(dev, out, dy ? g : t, n);
-    gp_dev_free(dev, t, bytes, GP_MEM_WORKSPACE);
-    return s;
-}
-
-gp_status gp_cpu_gelu_bf16(gp_device *dev, const uint16_t *x, const uint16_t *dy, uint16_t *out,
-                           int64_t n)
-{
-    if (n == 0) return GP_OK;
-    if (!gp_cpu_isa_has(dnnl_cpu_isa_avx512_core)) return gelu_bf16_widened(dev, x, dy, out, n);
-    cpu_op *op = NULL;
-    GP_TRY(gelu_op(dev, n, dy != NULL, 1, &op));
-    void *p[3] = {(void *)x, (void *)dy, out};
-    if (!dy) p[1] = out;
-    return op_run(dev, op, p);
-}

@@ -157,9 +157,7 @@ typedef enum {
     CPU_OP_CONV_BWD_DATA,
     CPU_OP_CONV_BWD_WEIGHTS,
     CPU_OP_LOG_SOFTMAX,
-    CPU_OP_MATMUL_BF16,
-    CPU_OP_GELU_FWD,
-    CPU_OP_GELU_BWD
+    CPU_OP_MATMUL_BF16
 } cpu_op_kind;
 
 #define CPU_KEY_LEN 16

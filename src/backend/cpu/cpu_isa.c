@@ -5,9 +5,10 @@
  * asks oneDNN's effective instruction set (its cpuid, capped): whether bf16
  * can run (avx512_bf16 or AMX), the blocked layout convolutions keep
  * (nChw16c with AVX-512, nChw8c with AVX2), the attention kernels' width
- * (16 floats with AVX-512, else 8), bf16 GELU's path and the AMX products'
- * plain weights.  Nothing else in the library asks cpuid, so one cap moves
- * all of them with oneDNN's own kernels:
+ * (16 floats with AVX-512, else 8), the transposed short wide products
+ * (cpu_math.c's wide_nt_worth) and the AMX products' plain weights.
+ * Nothing else in the library asks cpuid, so one cap moves all of them
+ * with oneDNN's own kernels:
  *
  *   GPIPE_CPU_ISA=sse41|avx2|avx512|avx512_bf16|amx|native
  *

@@ -1074,6 +1074,94 @@ gp_status gp_cpu_swiglu_bwd(gp_device *dev, gp_dtype dt, const void *x, const vo
     return GP_OK;
 }
 
+/* ---- GELU (GPT-2's tanh form): element by element ------------------------
+ * 0.5 x (1 + tanh(u)) is x sigmoid(2 u), u = sqrt(2 / pi) (x + 0.044715 x^3)
+ * (1 + tanh(u) = 2 / (1 + e^-2u)); its derivative s + 2 x s (1 - s) u'
+ * with s = sigmoid(2 u), u' = sqrt(2 / pi) (1 + 3 0.044715 x^2): the tanh
+ * form's 0.5 (1 + t) + 0.5 x (1 - t^2) u', as 1 - t^2 = 4 s (1 - s).  e^-2u
+ * through gp_cpu_exp, so the loops vectorise.  Until 2026-11 this was
+ * oneDNN's eltwise gelu_tanh, whose tanh gathers its polynomial's
+ * coefficients a lane at a time (vgatherdps): on an AVX2-only AMD EPYC
+ * (Zen 3, whose gathers are slow) a forward over tiny-gpt's 4096 x 512
+ * values took 7-12 ms on 2 threads, the same library's erf form 1.6-2, and
+ * the GELU passes were 17% of the step (bench/README.md, "GELU without
+ * oneDNN's gathers").  The sigmoid form is also the more accurate one
+ * where x is well below 0: 1 + tanh(u) there cancels to a few bits.
+ * One loop for every processor: fmaf and -ffp-contract=off give every ISA
+ * clone (and thread count: element by element) the same bits. */
+static inline __attribute__((always_inline)) float cpu_gelu_s(float x)
+{
+    float u = GP_EW_GELU_K * (x + GP_EW_GELU_C * x * x * x);
+    return 1.0f / (1.0f + gp_cpu_exp(-2.0f * u));
+}
+
+/* Values [i0, i1): the forward (dy NULL: out = gelu(x)) or the backward
+ * (out = dy gelu'(x)); out may be x or dy.  As swiglu_rows, its own
+ * GP_CPU_LOOPS functions called from the parallel region. */
+static inline __attribute__((always_inline)) void
+gelu_span(const void *x, const void *dy, void *out, int64_t i0, int64_t i1, const bool b16)
+{
+    if (!dy) {
+#pragma omp simd
+        for (int64_t i = i0; i < i1; i++) {
+            float v = B16_LD(x, i);
+            B16_ST(out, i, v * cpu_gelu_s(v));
+        }
+        return;
+    }
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) {
+        float v = B16_LD(x, i), s = cpu_gelu_s(v);
+        float du = GP_EW_GELU_K * (1.0f + 3.0f * GP_EW_GELU_C * v * v);
+        B16_ST(out, i, B16_LD(dy, i) * (s + 2.0f * v * s * (1.0f - s) * du));
+    }
+}
+
+GP_CPU_LOOPS
+static void gelu_span_f32(const void *x, const void *dy, void *out, int64_t i0, int64_t i1)
+{
+    gelu_span(x, dy, out, i0, i1, false);
+}
+
+GP_CPU_LOOPS
+static void gelu_span_b16(const void *x, const void *dy, void *out, int64_t i0, int64_t i1)
+{
+    gelu_span(x, dy, out, i0, i1, true);
+}
+
+static void gelu_run(gp_device *dev, bool b16, const void *x, const void *dy, void *out,
+                     int64_t n)
+{
+    int nt = n < CPU_PAR_MIN ? 1 : dev->threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int k = 0; k < nt; k++) {
+        int64_t i0 = n * k / nt, i1 = n * (k + 1) / nt;
+        if (b16) gelu_span_b16(x, dy, out, i0, i1);
+        else gelu_span_f32(x, dy, out, i0, i1);
+    }
+}
+
+gp_status gp_cpu_gelu_fwd(gp_device *dev, const float *x, float *y, int64_t n)
+{
+    gelu_run(dev, false, x, NULL, y, n);
+    return GP_OK;
+}
+
+gp_status gp_cpu_gelu_bwd(gp_device *dev, const float *x, const float *dy, float *dx, int64_t n)
+{
+    gelu_run(dev, false, x, dy, dx, n);
+    return GP_OK;
+}
+
+/* act_bf16's GELU (dy NULL: forward): the FP32 slot's arithmetic on the
+ * widened values, each result rounded once. */
+gp_status gp_cpu_gelu_bf16(gp_device *dev, const uint16_t *x, const uint16_t *dy, uint16_t *out,
+                           int64_t n)
+{
+    gelu_run(dev, true, x, dy, out, n);
+    return GP_OK;
+}
+
 GP_CPU_LOOPS
 gp_status gp_cpu_add_layer_norm_fwd(gp_device *dev, gp_dtype dt, const void *a, const void *b,
                                     void *s, const float *w, const float *bias, void *y,
@@ -1214,7 +1302,7 @@ gp_status gp_cpu_add_bf16(gp_device *dev, const uint16_t *a, const uint16_t *b, 
 
 /* act_bf16 (backend.h): relu and leaky relu, elementwise.h's functions on
  * the widened values, rounded once (the adapter's bits in one pass); GELU
- * oneDNN's gelu_tanh on bf16 memory, as the FP32 slot's (cpu_dnnl.c). */
+ * the FP32 slot's loop on the widened values (gp_cpu_gelu_bf16, above). */
 GP_CPU_LOOPS
 gp_status gp_cpu_act_bf16(gp_device *dev, gp_act_kind kind, const uint16_t *xy,
                           const uint16_t *dy, uint16_t *out, int64_t n, float slope)
