@@ -367,6 +367,7 @@ static void test_bf16_convert(gp_device *dev)
  * Without them: the device refuses bf16, saying why. */
 static void test_bf16_storage(gp_device *dev);
 static void test_linear_gelu(gp_device *dev, bool bf16);
+static void test_gelu_values(gp_device *dev);
 
 static void test_bf16(void)
 {
@@ -3468,6 +3469,58 @@ static void test_add_norm(gp_device *dev)
  * linear_fwd_bf16 then gelu_fwd / act_bf16's GELU; the data product then
  * gelu_bwd / act_bf16's GELU backward), one launch each; a product worth
  * bf16 and one not (in 8). */
+/* GELU's values (the CPU's own loop, x sigmoid(2u) through gp_cpu_exp,
+ * cpu_math.c) against GPT-2's tanh form in double, over [-12, 12] in steps
+ * that land every lane of a vector on every kind of value, and at its
+ * edges: y within 4e-7 |x| of the reference (the rounding of u moves
+ * e^-2u by about 2 |u| ulps where x is negative), and within 1e-6 relative
+ * where |y| is over 1e-3 |x|; dx within 1e-6 (|x| + 1) |dy|; a NaN stays
+ * NaN, +inf gives +inf, large positive x gives x, and below about -9.8
+ * (sigmoid(2u) under e^-88) y is -0 and dx 0, as the tanh form's are.  In
+ * place too (y on x, dx on dy), as linear_gelu_bwd_data runs it. */
+static void test_gelu_values(gp_device *dev)
+{
+    enum { N = 4099, E = 5 };
+    float *x = dalloc(dev, N + E), *y = dalloc(dev, N + E), *dy = dalloc(dev, N + E);
+    float *dx = dalloc(dev, N + E), *c = dalloc(dev, N + E);
+    for (int i = 0; i < N; i++) {
+        x[i] = -12.0f + 24.0f * (float)i / (float)(N - 1);
+        dy[i] = 0.5f + 0.25f * (float)(i % 7);
+    }
+    const float edge[E] = {NAN, INFINITY, 1e20f, -20.0f, -1e20f};
+    for (int i = 0; i < E; i++) x[N + i] = edge[i], dy[N + i] = 1.0f;
+    CHECK_OK(gp_dev_gelu_fwd(dev, x, y, N + E));
+    CHECK_OK(gp_dev_gelu_bwd(dev, x, dy, dx, N + E));
+    const double K = 0.7978845608028654, C = 0.044715;
+    double worst_y = 0, worst_r = 0, worst_d = 0;
+    for (int i = 0; i < N; i++) {
+        double v = x[i], t = tanh(K * (v + C * v * v * v));
+        double ry = 0.5 * v * (1.0 + t);
+        double rd = dy[i] * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * K * (1.0 + 3.0 * C * v * v));
+        worst_y = fmax(worst_y, fabs(y[i] - ry) / fabs(v));
+        if (fabs(ry) > 1e-3 * fabs(v)) worst_r = fmax(worst_r, fabs(y[i] - ry) / fabs(ry));
+        worst_d = fmax(worst_d, fabs(dx[i] - rd) / ((fabs(v) + 1.0) * dy[i]));
+    }
+    printf("gelu: |y - ref| / |x| %.2g, relative %.2g, |dx - ref| / ((|x| + 1) |dy|) %.2g\n",
+           worst_y, worst_r, worst_d);
+    CHECK_MSG(worst_y <= 4e-7 && worst_r <= 1e-6 && worst_d <= 1e-6,
+              "gelu against the tanh form in double: %.3g of |x|, %.3g relative, dx %.3g",
+              worst_y, worst_r, worst_d);
+    CHECK(isnan(y[N]) && isnan(dx[N]));
+    CHECK(y[N + 1] == INFINITY && dx[N + 1] == 1.0f && y[N + 2] == 1e20f && dx[N + 2] == 1.0f);
+    CHECK(y[N + 3] == 0.0f && signbit(y[N + 3]) && dx[N + 3] == 0.0f);
+    CHECK(y[N + 4] == 0.0f && signbit(y[N + 4]) && dx[N + 4] == 0.0f);
+    /* in place: the same bits */
+    memcpy(c, x, (size_t)(N + E) * sizeof *c);
+    CHECK_OK(gp_dev_gelu_fwd(dev, c, c, N + E));
+    CHECK(!memcmp(c, y, (size_t)(N + E) * sizeof *c));
+    memcpy(c, dy, (size_t)(N + E) * sizeof *c);
+    CHECK_OK(gp_dev_gelu_bwd(dev, x, c, c, N + E));
+    CHECK(!memcmp(c, dx, (size_t)(N + E) * sizeof *c));
+    float *bufs[] = {x, y, dy, dx, c};
+    for (int k = 0; k < 5; k++) dfree(dev, bufs[k], N + E);
+}
+
 static void test_linear_gelu(gp_device *dev, bool bf16)
 {
     CHECK(gp_dev_linear_gelu_has(dev, GP_F32));
@@ -3642,6 +3695,7 @@ int main(void)
     test_add_norm(dev);
     test_rms_bf16(dev);
     test_linear_gelu(dev, false);
+    test_gelu_values(dev);
     test_pool(dev);
     test_bn(dev);
     test_conv(dev);

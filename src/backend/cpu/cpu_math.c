@@ -1091,8 +1091,11 @@ gp_status gp_cpu_swiglu_bwd(gp_device *dev, gp_dtype dt, const void *x, const vo
  * clone (and thread count: element by element) the same bits. */
 static inline __attribute__((always_inline)) float cpu_gelu_s(float x)
 {
-    float u = GP_EW_GELU_K * (x + GP_EW_GELU_C * x * x * x);
-    return 1.0f / (1.0f + gp_cpu_exp(-2.0f * u));
+    float m = -2.0f * GP_EW_GELU_K * (x + GP_EW_GELU_C * x * x * x);
+    float s = 1.0f / (1.0f + gp_cpu_exp(m));
+    /* past gp_cpu_exp's clamp (x below about -9.8) sigmoid(2u) is under
+     * e^-88: 0, so y is -0 there as the tanh form's is (and NaN at -inf) */
+    return m > 88.0f ? 0.0f : s;
 }
 
 /* Values [i0, i1): the forward (dy NULL: out = gelu(x)) or the backward
@@ -1111,9 +1114,12 @@ gelu_span(const void *x, const void *dy, void *out, int64_t i0, int64_t i1, cons
     }
 #pragma omp simd
     for (int64_t i = i0; i < i1; i++) {
-        float v = B16_LD(x, i), s = cpu_gelu_s(v);
+        float v = B16_LD(x, i), s = cpu_gelu_s(v), q = s * (1.0f - s);
         float du = GP_EW_GELU_K * (1.0f + 3.0f * GP_EW_GELU_C * v * v);
-        B16_ST(out, i, B16_LD(dy, i) * (s + 2.0f * v * s * (1.0f - s) * du));
+        /* (q is 0 where s saturates: the term is 0, not 0 x inf where v^2
+         * overflows) */
+        float g = q == 0.0f ? 0.0f : 2.0f * v * q * du;
+        B16_ST(out, i, B16_LD(dy, i) * (s + g));
     }
 }
 
