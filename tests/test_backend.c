@@ -1386,6 +1386,51 @@ static void test_blocked(gp_device *dev)
 
 /* ---- gemm -------------------------------------------------------------------------- */
 
+/* Where the CPU device's blocks start (cpu_device.c, cpu_alloc): 16 bytes
+ * past a 64-byte boundary from 64 KiB on where CPU devices compute in AVX2
+ * (oneDNN's AVX2 sgemm runs dy W 1.6-1.8x slower with W on a 32-byte
+ * boundary), on one elsewhere; smaller blocks and the workspace arena on
+ * one always; a block cached and handed out again keeps its start; and a
+ * product gives the same bits whichever start its operands have. */
+static void test_block_starts(gp_device *dev)
+{
+    bool avx2 = gp_cpu_isa_has(dnnl_cpu_isa_avx2) && !gp_cpu_isa_has(dnnl_cpu_isa_avx512_core);
+    uintptr_t want = avx2 ? 16 : 0;
+    const int64_t m = 64, k = 256, n = 512; /* B: k x n floats, 512 KiB */
+    void *small = NULL, *big = NULL, *a = NULL, *c = NULL;
+    CHECK_OK(gp_dev_alloc(dev, 1000, GP_MEM_ACTIVATIONS, &small));
+    CHECK_OK(gp_dev_alloc(dev, (size_t)(k * n) * 4, GP_MEM_PARAMS, &big));
+    CHECK_MSG(((uintptr_t)small & 63) == 0, "a 1000-byte block starts at %lu past 64",
+              (unsigned long)((uintptr_t)small & 63));
+    CHECK_MSG(((uintptr_t)big & 63) == want, "a 512 KiB block starts at %lu past 64, not %lu",
+              (unsigned long)((uintptr_t)big & 63), (unsigned long)want);
+    gp_dev_free(dev, big, (size_t)(k * n) * 4, GP_MEM_PARAMS);
+    CHECK_OK(gp_dev_alloc(dev, (size_t)(k * n) * 4, GP_MEM_PARAMS, &big)); /* from the cache */
+    CHECK(((uintptr_t)big & 63) == want);
+    CHECK_OK(gp_cpu_arena_reserve(dev, 200000));
+    CHECK(((uintptr_t)gp_cpu_ctx_of(dev)->arena & 63) == 0);
+    CHECK(gp_cpu_ctx_of(dev)->arena_bytes >= 200000);
+    /* dy W (not transposed: a linear layer's backward-data) with W in the
+     * block and in a copy on a 64-byte boundary: the same bits */
+    CHECK_OK(gp_dev_alloc(dev, (size_t)(m * k) * 4, GP_MEM_ACTIVATIONS, &a));
+    CHECK_OK(gp_dev_alloc(dev, (size_t)(m * n) * 4, GP_MEM_ACTIVATIONS, &c));
+    float *b2 = NULL, *c2 = malloc((size_t)(m * n) * 4);
+    CHECK(posix_memalign((void **)&b2, 64, (size_t)(k * n) * 4) == 0 && c2);
+    float *fa = a, *fb = big;
+    for (int64_t i = 0; i < m * k; i++) fa[i] = (float)((i * 7919) % 1000) / 500.0f - 1.0f;
+    for (int64_t i = 0; i < k * n; i++) fb[i] = b2[i] = (float)((i * 104729) % 997) / 5000.0f;
+    CHECK_OK(gp_dev_gemm(dev, 0, 0, m, n, k, 1.0f, fa, k, fb, n, 0.0f, c, n));
+    memcpy(c2, c, (size_t)(m * n) * 4);
+    CHECK_OK(gp_dev_gemm(dev, 0, 0, m, n, k, 1.0f, fa, k, b2, n, 0.0f, c, n));
+    CHECK_MSG(!memcmp(c, c2, (size_t)(m * n) * 4), "dy W differs with W 16 bytes off");
+    free(b2);
+    free(c2);
+    gp_dev_free(dev, a, (size_t)(m * k) * 4, GP_MEM_ACTIVATIONS);
+    gp_dev_free(dev, c, (size_t)(m * n) * 4, GP_MEM_ACTIVATIONS);
+    gp_dev_free(dev, big, (size_t)(k * n) * 4, GP_MEM_PARAMS);
+    gp_dev_free(dev, small, 1000, GP_MEM_ACTIVATIONS);
+}
+
 static void test_gemm(gp_device *dev)
 {
     /* Shapes: a small one, and short wide ones (2m <= n, k >= 64) that the
@@ -2449,7 +2494,7 @@ static void test_memory(void)
     CHECK(dev->threads == 1);
     void *a = NULL, *b = NULL, *c = NULL;
     CHECK_OK(gp_dev_alloc(dev, 600000, GP_MEM_PARAMS, &a));
-    CHECK(((uintptr_t)a & 63) == 0);
+    CHECK(((uintptr_t)a & 63) == gp_cpu_ctx_of(dev)->block_shift); /* (test_block_starts) */
     CHECK_OK(gp_dev_alloc(dev, 300000, GP_MEM_GRADS, &b));
     CHECK(dev->alloc.current == 900000 && dev->alloc.peak == 900000);
     CHECK_ERR(gp_dev_alloc(dev, 200000, GP_MEM_ACTIVATIONS, &c), GP_ERR_OOM, "cpu:3");
@@ -3690,6 +3735,7 @@ int main(void)
     test_update_clip(dev);
     test_dropout(dev);
     test_unet_ops(dev);
+    test_block_starts(dev);
     test_gemm(dev);
     test_softmax_xent(dev);
     test_add_norm(dev);

@@ -253,6 +253,10 @@ typedef struct gp_cpu_ctx {
     cpu_bin *bins;
     int n_bins, cap_bins;
     size_t cached_bytes;
+    size_t block_shift;       /* where a block of CPU_SHIFT_MIN bytes or more
+                                 starts past its 64-byte aligned allocation
+                                 (cpu_device.c, cpu_alloc): 16 where CPU
+                                 devices compute in AVX2, else 0 */
     dnnl_engine_t engine;
     dnnl_stream_t stream;
     cpu_op *buckets[CPU_CACHE_BUCKETS];
@@ -261,7 +265,10 @@ typedef struct gp_cpu_ctx {
                                  convolution shape and direction borrows this much
                                  workspace and counts an algorithm search, as a
                                  GPU's measured cuDNN choice does (tests) */
-    void *arena;              /* GP_MEM_WORKSPACE, 4096-aligned */
+    void *arena;              /* GP_MEM_WORKSPACE, 64-byte aligned (oneDNN's
+                                 scratchpads are carved from it) */
+    void *arena_block;        /* the block it lies in, arena_bytes + 64 bytes
+                                 (cpu_alloc may start a block off 64 bytes) */
     size_t arena_bytes;
     cpu_conv_layout conv_layout;
     bool keep_weights;        /* keep reordered weights while frozen;
