@@ -1386,12 +1386,14 @@ static void test_blocked(gp_device *dev)
 
 /* ---- gemm -------------------------------------------------------------------------- */
 
-/* Where the CPU device's blocks start (cpu_device.c, cpu_alloc): 16 bytes
- * past a 64-byte boundary from 64 KiB on where CPU devices compute in AVX2
- * (oneDNN's AVX2 sgemm runs dy W 1.6-1.8x slower with W on a 32-byte
- * boundary), on one elsewhere; smaller blocks and the workspace arena on
- * one always; a block cached and handed out again keeps its start; and a
- * product gives the same bits whichever start its operands have. */
+/* Where the CPU device's blocks start (cpu_device.c, cpu_alloc): a weight
+ * block of 64 KiB or more 16 bytes past a 64-byte boundary where CPU
+ * devices compute in AVX2 (oneDNN's AVX2 sgemm runs dy W 1.6-1.8x slower
+ * with W on a 32-byte boundary), on one elsewhere; smaller weights, every
+ * other block and the workspace arena on one always; a block cached and
+ * handed out again keeps its start, also to a request of the same size for
+ * the other kind; and a product gives the same bits whichever start its
+ * operands have. */
 static void test_block_starts(gp_device *dev)
 {
     bool avx2 = gp_cpu_isa_has(dnnl_cpu_isa_avx2) && !gp_cpu_isa_has(dnnl_cpu_isa_avx512_core);
@@ -1405,8 +1407,13 @@ static void test_block_starts(gp_device *dev)
     CHECK_MSG(((uintptr_t)big & 63) == want, "a 512 KiB block starts at %lu past 64, not %lu",
               (unsigned long)((uintptr_t)big & 63), (unsigned long)want);
     gp_dev_free(dev, big, (size_t)(k * n) * 4, GP_MEM_PARAMS);
+    void *act = NULL; /* the same size, not a weight: not the cached weight block */
+    CHECK_OK(gp_dev_alloc(dev, (size_t)(k * n) * 4, GP_MEM_ACTIVATIONS, &act));
+    CHECK_MSG(((uintptr_t)act & 63) == 0, "a 512 KiB activation block starts at %lu past 64",
+              (unsigned long)((uintptr_t)act & 63));
     CHECK_OK(gp_dev_alloc(dev, (size_t)(k * n) * 4, GP_MEM_PARAMS, &big)); /* from the cache */
     CHECK(((uintptr_t)big & 63) == want);
+    gp_dev_free(dev, act, (size_t)(k * n) * 4, GP_MEM_ACTIVATIONS);
     CHECK_OK(gp_cpu_arena_reserve(dev, 200000));
     CHECK(((uintptr_t)gp_cpu_ctx_of(dev)->arena & 63) == 0);
     CHECK(gp_cpu_ctx_of(dev)->arena_bytes >= 200000);

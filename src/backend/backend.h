@@ -170,8 +170,9 @@
  *  48  attn_cached (attention of new positions against a KV cache:
  *      sampling one token at a time)
  *  49  gp_bn_commit_part.pend (a step's micro-batch statistics merged by
- *      bn_commit_multi in the commit's launch, not one bn_merge each) */
-#define GP_DEVICE_IFACE_VERSION 49
+ *      bn_commit_multi in the commit's launch, not one bn_merge each)
+ *  50  alloc takes the block's gp_mem_category */
+#define GP_DEVICE_IFACE_VERSION 50
 
 typedef enum { GP_DEV_CPU = 0, GP_DEV_CUDA = 1 } gp_device_kind;
 
@@ -448,8 +449,9 @@ typedef struct gp_device_iface {
     /* --- lifetime & memory (required) --- */
     /* Free the backend context (dev->ctx); gp_device_close frees the rest. */
     void (*destroy)(gp_device *dev);
-    /* Raw allocation; accounting is done by the wrapper. */
-    gp_status (*alloc)(gp_device *dev, size_t bytes, void **out);
+    /* Raw allocation; accounting is done by the wrapper.  cat: what the
+     * block holds (a backend may place weights otherwise: cpu_device.c) */
+    gp_status (*alloc)(gp_device *dev, size_t bytes, gp_mem_category cat, void **out);
     void (*free)(gp_device *dev, void *ptr, size_t bytes);
     /* Bind the calling thread (thread counts, current GPU). optional: no-op */
     void (*bind_thread)(gp_device *dev);

@@ -225,7 +225,7 @@ gp_status gp_dev_alloc(gp_device *dev, size_t bytes, gp_mem_category cat, void *
 {
     *out = NULL;
     GP_TRY(gp_allocator_reserve(&dev->alloc, bytes, cat));
-    gp_status s = dev->iface->alloc(dev, bytes, out);
+    gp_status s = dev->iface->alloc(dev, bytes, cat, out);
     if (s != GP_OK) {
         gp_allocator_release(&dev->alloc, bytes, cat);
         return s;

@@ -55,24 +55,30 @@ static size_t cpu_round(size_t bytes)
     return (bytes + q - 1) / q * q;
 }
 
-/* Where large blocks start (gp_cpu_ctx.block_shift).  oneDNN 2.6's AVX2
- * sgemm runs a product whose B is not transposed (a linear layer's
+/* Where weights start (gp_cpu_ctx.block_shift).  oneDNN 2.6's AVX2 sgemm
+ * runs a product whose B is not transposed (a linear layer's
  * backward-data, dx = dy W) 1.6-1.8x slower when B starts on a 32-byte
  * boundary: on an AVX2-only AMD EPYC (Zen 3, 2 threads) dy W at 256 x 2048
  * x 2048 took 29-39 ms with W at page offsets 0, 32, 64 or 8192 and 17-19
  * ms at 8, 16, 24, 48, 80 or 4112, the same bits either way; the offsets of
- * dy and dx made no difference.  So on AVX2 a block of 64 KiB or more
- * (every weight of a size that matters) starts 16 bytes past a 64-byte
- * boundary: bench/mlp.yaml's step 365-388 -> 321-333 ms.  gpipe's own loops
- * load unaligned.  AVX-512 kernels keep 64-byte alignment: not measured
- * there.  A function of the block's size and the instruction set, so every
- * block of a size starts alike on every device of a run. */
+ * dy and dx made no difference.  So on AVX2 a weight block (GP_MEM_PARAMS)
+ * of 64 KiB or more starts 16 bytes past a 64-byte boundary:
+ * bench/mlp.yaml's step 362-399 -> 295-306 ms.  Other blocks keep 64-byte
+ * alignment (oneDNN's convolutions read and write activations in blocked
+ * layouts), and so does every block where CPU devices compute in AVX-512
+ * (not measured there).  gpipe's own loops load unaligned.  A block's start
+ * is a function of its size, what it holds and the instruction set, so
+ * every weight of a size starts alike on every device of a run; the
+ * block cache keeps the two kinds in bins of their own. */
 #define CPU_SHIFT_MIN ((size_t)1 << 16)
 
-static size_t cpu_shift(const gp_cpu_ctx *ctx, size_t rounded)
+static size_t cpu_shift(const gp_cpu_ctx *ctx, size_t rounded, gp_mem_category cat)
 {
-    return rounded >= CPU_SHIFT_MIN ? ctx->block_shift : 0;
+    return rounded >= CPU_SHIFT_MIN && cat == GP_MEM_PARAMS ? ctx->block_shift : 0;
 }
+
+/* A block's start past 64 bytes: 0 or block_shift (cpu_alloc) */
+static size_t cpu_start(const void *p) { return (size_t)((uintptr_t)p & 63); }
 
 static cpu_bin *cpu_find_bin(gp_cpu_ctx *ctx, size_t bytes)
 {
@@ -81,12 +87,12 @@ static cpu_bin *cpu_find_bin(gp_cpu_ctx *ctx, size_t bytes)
     return NULL;
 }
 
-static gp_status cpu_alloc(gp_device *dev, size_t bytes, void **out)
+static gp_status cpu_alloc(gp_device *dev, size_t bytes, gp_mem_category cat, void **out)
 {
     gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
-    size_t r = cpu_round(bytes ? bytes : 1);
+    size_t r = cpu_round(bytes ? bytes : 1), shift = cpu_shift(ctx, r, cat);
     pthread_mutex_lock(&ctx->bins_lock);
-    cpu_bin *bin = cpu_find_bin(ctx, r);
+    cpu_bin *bin = cpu_find_bin(ctx, r + shift); /* (a bin's key: size + start) */
     if (bin && bin->n > 0) {
         *out = bin->free[--bin->n];
         ctx->cached_bytes -= r;
@@ -95,7 +101,6 @@ static gp_status cpu_alloc(gp_device *dev, size_t bytes, void **out)
     }
     pthread_mutex_unlock(&ctx->bins_lock);
     void *p = NULL;
-    size_t shift = cpu_shift(ctx, r);
     if (posix_memalign(&p, 64, r + (shift ? 64 : 0)) != 0) {
         char b[32];
         return gp_error_set(GP_ERR_OOM, "out of host memory on device %s: could not allocate %s",
@@ -109,9 +114,9 @@ static void cpu_free(gp_device *dev, void *ptr, size_t bytes)
 {
     gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
     gp_cpu_streams_before_free(dev, ptr, bytes); /* a queued copy may still use it */
-    size_t r = cpu_round(bytes ? bytes : 1);
+    size_t r = cpu_round(bytes ? bytes : 1), start = cpu_start(ptr);
     pthread_mutex_lock(&ctx->bins_lock);
-    cpu_bin *bin = cpu_find_bin(ctx, r);
+    cpu_bin *bin = cpu_find_bin(ctx, r + start);
     if (!bin && ctx->n_bins == ctx->cap_bins) {
         int cap = ctx->cap_bins ? 2 * ctx->cap_bins : 32;
         cpu_bin *nb = realloc(ctx->bins, (size_t)cap * sizeof *nb);
@@ -123,7 +128,7 @@ static void cpu_free(gp_device *dev, void *ptr, size_t bytes)
     if (!bin && ctx->n_bins < ctx->cap_bins) {
         bin = &ctx->bins[ctx->n_bins++];
         memset(bin, 0, sizeof *bin);
-        bin->bytes = r;
+        bin->bytes = r + start;
     }
     if (bin && bin->n == bin->cap) {
         int cap = bin->cap ? 2 * bin->cap : 8;
@@ -139,14 +144,14 @@ static void cpu_free(gp_device *dev, void *ptr, size_t bytes)
         ptr = NULL;
     }
     pthread_mutex_unlock(&ctx->bins_lock);
-    if (ptr) free((char *)ptr - cpu_shift(ctx, r)); /* only when the cache could not grow */
+    if (ptr) free((char *)ptr - start); /* only when the cache could not grow */
 }
 
 static void cpu_release_cache(gp_cpu_ctx *ctx)
 {
     for (int b = 0; b < ctx->n_bins; b++) {
         for (int i = 0; i < ctx->bins[b].n; i++)
-            free((char *)ctx->bins[b].free[i] - cpu_shift(ctx, ctx->bins[b].bytes));
+            free((char *)ctx->bins[b].free[i] - cpu_start(ctx->bins[b].free[i]));
         free(ctx->bins[b].free);
     }
     free(ctx->bins);

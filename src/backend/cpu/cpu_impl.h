@@ -253,10 +253,10 @@ typedef struct gp_cpu_ctx {
     cpu_bin *bins;
     int n_bins, cap_bins;
     size_t cached_bytes;
-    size_t block_shift;       /* where a block of CPU_SHIFT_MIN bytes or more
-                                 starts past its 64-byte aligned allocation
-                                 (cpu_device.c, cpu_alloc): 16 where CPU
-                                 devices compute in AVX2, else 0 */
+    size_t block_shift;       /* where a weight block (GP_MEM_PARAMS) of
+                                 CPU_SHIFT_MIN bytes or more starts past a
+                                 64-byte boundary (cpu_device.c, cpu_alloc):
+                                 16 where CPU devices compute in AVX2, else 0 */
     dnnl_engine_t engine;
     dnnl_stream_t stream;
     cpu_op *buckets[CPU_CACHE_BUCKETS];

@@ -145,8 +145,9 @@ static void cache_release(gp_cuda_ctx *ctx)
     }
 }
 
-static gp_status cuda_alloc(gp_device *dev, size_t bytes, void **out)
+static gp_status cuda_alloc(gp_device *dev, size_t bytes, gp_mem_category cat, void **out)
 {
+    (void)cat; /* every block alike */
     gp_cuda_ctx *ctx = gp_cuda_ctx_of(dev);
     GP_TRY(gp_cuda_enter(dev));
     size_t block = 0;
