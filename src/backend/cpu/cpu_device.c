@@ -65,7 +65,8 @@ static size_t cpu_round(size_t bytes)
  * of 64 KiB or more starts 16 bytes past a 64-byte boundary:
  * bench/mlp.yaml's step 362-399 -> 295-306 ms.  Other blocks keep 64-byte
  * alignment (oneDNN's convolutions read and write activations in blocked
- * layouts), and so does every block where CPU devices compute in AVX-512
+ * layouts; its scratchpads are carved from the workspace arena), and so
+ * does every block where CPU devices compute in AVX-512
  * (not measured there).  gpipe's own loops load unaligned.  A block's start
  * is a function of its size, what it holds and the instruction set, so
  * every weight of a size starts alike on every device of a run; the
@@ -160,14 +161,6 @@ static void cpu_release_cache(gp_cpu_ctx *ctx)
     ctx->cached_bytes = 0;
 }
 
-static void arena_free(gp_device *dev, gp_cpu_ctx *ctx)
-{
-    if (ctx->arena_block)
-        gp_dev_free(dev, ctx->arena_block, ctx->arena_bytes + 64, GP_MEM_WORKSPACE);
-    ctx->arena = ctx->arena_block = NULL;
-    ctx->arena_bytes = 0;
-}
-
 gp_status gp_cpu_arena_reserve(gp_device *dev, size_t bytes)
 {
     gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
@@ -176,12 +169,13 @@ gp_status gp_cpu_arena_reserve(gp_device *dev, size_t bytes)
      * every time. */
     size_t want = (bytes + ((size_t)1 << 16) - 1) & ~(((size_t)1 << 16) - 1);
     /* The old contents are dead between ops: free first, keeping peak low. */
-    arena_free(dev, ctx);
-    gp_status s = gp_dev_alloc(dev, want + 64, GP_MEM_WORKSPACE, &ctx->arena_block);
+    gp_dev_free(dev, ctx->arena, ctx->arena_bytes, GP_MEM_WORKSPACE);
+    ctx->arena = NULL;
+    ctx->arena_bytes = 0;
+    gp_status s = gp_dev_alloc(dev, want, GP_MEM_WORKSPACE, &ctx->arena);
     if (s != GP_OK)
         return gp_error_wrap(s, "device %s: the CPU backend's workspace for oneDNN temporaries",
                              dev->name);
-    ctx->arena = (void *)(((uintptr_t)ctx->arena_block + 63) & ~(uintptr_t)63);
     ctx->arena_bytes = want;
     return GP_OK;
 }
@@ -216,7 +210,7 @@ static void cpu_destroy(gp_device *dev)
         (void)gp_cpu_weights_thaw(dev); /* kept weights go back to the allocator */
         free(ctx->held);
         gp_cpu_cache_destroy(ctx);
-        arena_free(dev, ctx);
+        gp_dev_free(dev, ctx->arena, ctx->arena_bytes, GP_MEM_WORKSPACE);
         cpu_release_cache(ctx);
         pthread_mutex_destroy(&ctx->bins_lock);
         if (ctx->stream) dnnl_stream_destroy(ctx->stream);

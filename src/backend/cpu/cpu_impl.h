@@ -267,8 +267,6 @@ typedef struct gp_cpu_ctx {
                                  GPU's measured cuDNN choice does (tests) */
     void *arena;              /* GP_MEM_WORKSPACE, 64-byte aligned (oneDNN's
                                  scratchpads are carved from it) */
-    void *arena_block;        /* the block it lies in, arena_bytes + 64 bytes
-                                 (cpu_alloc may start a block off 64 bytes) */
     size_t arena_bytes;
     cpu_conv_layout conv_layout;
     bool keep_weights;        /* keep reordered weights while frozen;
