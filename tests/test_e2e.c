@@ -164,10 +164,16 @@ static void test_cli_errors(void)
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set pipeline.threads=1", bin,
              GPIPE_SOURCE_DIR);
     CHECK(run(cmd, out, sizeof out) == 0);
-    CHECK_MSG((summary_line_has(out, 0, "out nChw16c") || summary_line_has(out, 0, "out nChw8c")) &&
-                  summary_line_has(out, 3, "out nChw") && summary_line_has(out, 6, "out nChw") &&
-                  !summary_line_has(out, 7, "out nChw"),
-              "blocked chains 0..4 and 4..7: %s", out);
+    /* below AVX2 (a processor without AVX, GPIPE_CPU_ISA=sse41) oneDNN's
+     * convolutions compute plain, and every activation stays plain */
+    if (strstr(out, "CPU devices compute in SSE4.1"))
+        CHECK_MSG(!strstr(out, "out nChw"), "plain activations below AVX2: %s", out);
+    else
+        CHECK_MSG((summary_line_has(out, 0, "out nChw16c") ||
+                   summary_line_has(out, 0, "out nChw8c")) &&
+                      summary_line_has(out, 3, "out nChw") && summary_line_has(out, 6, "out nChw") &&
+                      !summary_line_has(out, 7, "out nChw"),
+                  "blocked chains 0..4 and 4..7: %s", out);
     /* activations stored in bf16 (train.activations): the layer outputs
      * counted at 2 bytes, what layers keep beside them (pooling indices,
      * batch-norm statistics) at 4, and the summary says so */
@@ -494,8 +500,11 @@ static void test_cli_errors(void)
     /* --simulate on a config whose own m fits no split: it says so and
      * still simulates, recommending a setup that fits (it stopped at the
      * plan, exit 2, with advice that did not help); --write is refused;
-     * and with nothing that fits, exit 2 */
-    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --devices=2 --set pipeline.memory=12MiB "
+     * and with nothing that fits, exit 2.  (16 MiB: the rows that fit
+     * peak at 10-11 MiB on the split the profile's times balance; under
+     * 12 MiB a profile taken beside other tests could pick a split where
+     * none fit, as once in the baseline x86-64 pass) */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --devices=2 --set pipeline.memory=16MiB "
              "--simulate -q --reps 1", balance_bin, GPIPE_SOURCE_DIR);
     CHECK_MSG(run(cmd, out, sizeof out) == 0 && strstr(out, "at the config's m = 1: ") &&
                   strstr(out, "recommended: schedule") && strstr(out, "--chunks") &&
@@ -503,7 +512,7 @@ static void test_cli_errors(void)
               "--simulate, the config's m does not fit: %s", out);
     char nofit[300];
     snprintf(nofit, sizeof nofit, "%s/nofit.yaml", tmpdir);
-    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --devices 2 --set pipeline.memory=12MiB "
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --devices 2 --set pipeline.memory=16MiB "
              "--simulate -q --reps 1 --write %s", balance_bin, GPIPE_SOURCE_DIR, nofit);
     CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "not writing") &&
                   access(nofit, F_OK) != 0,

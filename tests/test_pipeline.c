@@ -1219,6 +1219,17 @@ static bool chains_run(const gp_config *c, gp_device *ref_dev, int ndev, const i
  * pools'), and each chain's block is its own channel count; the reference
  * is then the one-device run on a device of the processor's own blocks
  * (nChw16c or nChw8c where the channels allow, else plain). */
+/* The block oneDNN's direct convolutions compute in where the CPU devices
+ * compute: 16 in AVX-512, 8 in AVX2, none below (GPIPE_CPU_ISA=sse41, a
+ * processor without AVX: every chain plain, and the runs below must still
+ * give the one-device bits). */
+static int64_t isa_block(void)
+{
+    return gp_cpu_isa_has(dnnl_cpu_isa_avx512_core) ? 16
+           : gp_cpu_isa_has(dnnl_cpu_isa_avx2)      ? 8
+                                                    : 0;
+}
+
 static void blocked_chains(bool nhwc)
 {
     gp_device *saved[4], *own[4] = {NULL, NULL, NULL, NULL};
@@ -1292,7 +1303,7 @@ static void blocked_chains(bool nhwc)
              * convolution's output to the average pool's input; in
              * channels-last each side's block is its channel count */
             int64_t B = plan.layers[3].out_blk;
-            CHECK_MSG(nhwc ? B == 40 : B == 8 || B == 16, "conv 16->%lld output block %lld",
+            CHECK_MSG(nhwc ? B == 40 : B == isa_block(), "conv 16->%lld output block %lld",
                       (long long)outs[1], (long long)B);
             for (int k = 0; k < n; k++) {
                 const gp_layer *l = &plan.layers[k];
@@ -1327,8 +1338,8 @@ static void blocked_chains(bool nhwc)
     if (two && gp_model_build(&c, two, &m2) == GP_OK) {
         gp_layers_blocked(m2.layers, n);
         int64_t B = m2.layers[7].out_blk;
-        CHECK_MSG(B == 8 || B == 16, "2 threads: conv 16->32 output block %lld", (long long)B);
-        bool narrow = 16 / B < 2;
+        CHECK_MSG(B == isa_block(), "2 threads: conv 16->32 output block %lld", (long long)B);
+        bool narrow = B == 0 || 16 / B < 2; /* (0: no blocks below AVX2) */
         CHECK_MSG((m2.layers[0].out_blk == 0) == narrow && (m2.layers[3].out_blk == 0) == narrow &&
                       (m2.layers[10].out_blk == 0) == narrow,
                   "2 threads, blocks of %lld: 16-channel chains planned %lld / %lld / %lld",
@@ -1458,7 +1469,7 @@ static void residual_chains(bool nhwc)
             break;
         runs++;
         int64_t B = plan.layers[4].out_blk;
-        CHECK_MSG(nhwc ? B == C : B == 8 || B == 16, "conv %lld->%lld output block %lld",
+        CHECK_MSG(nhwc ? B == C : B == isa_block(), "conv %lld->%lld output block %lld",
                   (long long)C, (long long)C, (long long)B);
         for (int k = 0; k < n; k++) {
             const gp_layer *l = &plan.layers[k];
@@ -1525,7 +1536,7 @@ static void composite_chains(bool nhwc, bool pool_end)
          * ending in flatten, the last block and the downsampling one's
          * output plain */
         int64_t B = plan.layers[0].out_blk;
-        CHECK_MSG(nhwc ? B == C : B == 8 || B == 16, "stem conv output block %lld", (long long)B);
+        CHECK_MSG(nhwc ? B == C : B == isa_block(), "stem conv output block %lld", (long long)B);
         for (int k = 0; k < 6; k++) {
             const gp_layer *l = &plan.layers[k];
             bool on_out = pool_end || k < 4, on_in = k >= 1 && (pool_end || k < 5);

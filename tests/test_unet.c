@@ -32,6 +32,7 @@
  *     ends far below that of the best constant prediction.
  * Runs under ThreadSanitizer in CI (label "threads").
  */
+#include "backend/cpu/cpu_impl.h" /* gp_cpu_isa_has */
 #include "config/config.h"
 #include "test_util.h"
 
@@ -516,7 +517,14 @@ static void loss_is_per_pixel(void)
 }
 
 /* 2 replicas x 2 stages against one device running their 2 x m
- * micro-batches: replica 1's targets must be those of its own samples. */
+ * micro-batches: replica 1's targets must be those of its own samples.
+ * The replicas' gradients are summed in another order, so the parameters
+ * agree to rounding, not bit for bit: 2e-7 (relative, floor 1e-2) where
+ * oneDNN's direct convolutions compute the weights' gradients (AVX2,
+ * AVX-512); below AVX2 (GPIPE_CPU_ISA=sse41) it takes its im2col and sgemm
+ * path ("x64:gemm:jit"), whose sums move more with where the tensors lie:
+ * 5.7e-5, the conv weights of 0.001-0.007 off by 3e-7 to 6e-7, the losses
+ * still within 3e-9. */
 static void replicas(void)
 {
     gp_config c;
@@ -542,7 +550,8 @@ static void replicas(void)
     }
     bool same_count;
     double worst = gpt_param_diff(&ref, &rep, &same_count);
-    CHECK_MSG(same_count && worst <= 1e-5 && worst_loss <= 1e-6,
+    double tol = gp_cpu_isa_has(dnnl_cpu_isa_avx2) ? 1e-5 : 2e-4;
+    CHECK_MSG(same_count && worst <= tol && worst_loss <= 1e-6,
               "U-Net on 2 replicas: parameters differ by %.3g relative, loss by %.3g", worst,
               worst_loss);
     CHECK_OK(gp_model_check_replicas(&rep));
