@@ -6,7 +6,8 @@ devices, ranked by predicted throughput.
     layouts listed fastest first, each within the devices' memory and its
     stages x replicas exactly the 8 devices; the counts of what was ruled
     out add up; then configs/llama-tiny.yaml (a twelfth of the time):
-    --pick, with less memory fewer fit, with 256 KiB none (exit 2, saying
+    --pick, with less memory fewer fit (given by --memory, or per device in
+    the config: the least of them), with 256 KiB none (exit 2, saying
     so);
   - CPU devices of this machine (configs/default.yaml on 2, profiled):
     the best layout is written as a config (--write) that loads and trains
@@ -136,6 +137,18 @@ def main():
               r2[2] > r1[2] and all(p <= 12 * 2**20 for *_, p in layouts(out2)),
               "12 MiB a device: exit %d, %s fit of %s (%s over memory): %s"
               % (rc2, h2 and h2[1], h1 and h1[1], r2 and r2[2], out2[-500:]))
+        # the config's devices capped one by one, no --memory: the plan fits
+        # every position in the least of them (it planned in the GPU's own
+        # 80 GB, the caps dropped), and says so
+        rc4, out4 = run("gpipe-balance", [llama, "--plan", "8", "--gpu", "h100", "--top", "400",
+                                          "--set", "pipeline.devices=[{name: cuda:0, memory: "
+                                          "12MiB}, {name: cuda:1, memory: 64MiB}]"], tmp)
+        h4, r4 = counts(out4)
+        check(rc4 == 0 and h4 == h2 and r4 == r2 and
+              "(12.0 MiB each, the least of the config's devices)" in out4 and
+              layouts(out4) == layouts(out2),
+              "per-device memory 12 and 64 MiB: exit %d, %s against --memory 12MiB's %s: %s"
+              % (rc4, h4, h2, out4[:400]))
         rc3, out3 = run("gpipe-balance", [llama, "--plan", "8", "--gpu", "h100", "--memory",
                                           "256KiB"], tmp)
         check(rc3 == 2 and "no layout fits" in out3, "256 KiB a device: exit %d: %s"

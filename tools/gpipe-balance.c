@@ -64,7 +64,8 @@ static void usage(FILE *f)
           "                     (profiled), or with --gpu the roofline's floor\n"
           "  --gpu h100|h200    with --plan: GPUs of that kind (80 or 141 GB unless\n"
           "                     --memory), timed by the roofline, no GPU needed\n"
-          "  --memory SIZE      with --plan: each device's memory (e.g. 80GB)\n"
+          "  --memory SIZE      with --plan: each device's memory (e.g. 80GB; default:\n"
+          "                     the least the config gives its devices, pipeline.memory)\n"
           "  --top K            with --plan: list K layouts (default 10)\n"
           "  --pick K           with --plan and --write: write layout K of the list\n"
           "                     instead of the first (bench/plan_check.py runs each)\n"
@@ -448,9 +449,10 @@ static int run_plan(gp_config *cfg, int N, const char *gpu, double memory, int t
     char cb[32];
     bool lm = cfg->model.n_layers > 0 && cfg->model.layers[0].type == GP_LAYER_EMBEDDING;
     double per = lm ? (double)cfg->model.input[0] : 1.0; /* tokens a sample */
-    printf("layouts of %d %s%s (%s each), batch %lld: %d considered, %d fit\n", N,
+    printf("layouts of %d %s%s (%s each%s), batch %lld: %d considered, %d fit\n", N,
            gpu ? gpu : "CPU device", N == 1 ? "" : "s",
            r.capacity > 0 ? mb(r.capacity, cb, sizeof cb) : "unlimited memory",
+           r.capacity_smallest ? ", the least of the config's devices" : "",
            (long long)cfg->train.batch_size, r.considered, r.n_layouts);
     printf("  %-4s %-9s %-14s %5s %-16s %10s %7s %12s %6s %12s\n", "rank", "stages", "schedule",
            "m", "checkpoint", "step ms", "bubble", lm ? "tokens/s" : "samples/s", "MFU",

@@ -122,6 +122,35 @@ typedef struct {
     int balance[GP_MAX_DEVICES];
 } v_split;
 
+/* The bytes a device holds in the plan (0: unlimited): --memory, else the
+ * smallest the config gives its devices (pipeline.devices[d].memory, else
+ * pipeline.memory), since the plan's N devices are of one kind and any of
+ * them may hold any stage.  *smallest: the config's devices differ (one
+ * limited and another not counts) and the smallest was taken.  (It took
+ * pipeline.memory alone: a config that capped each device planned as if
+ * memory were unlimited.) */
+static double plan_capacity(const gp_config *cfg, const gp_plan_request *rq, bool *smallest)
+{
+    *smallest = false;
+    if (rq->memory > 0) return rq->memory;
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    int listed = pc->n_devices * (pc->replicas > 1 ? pc->replicas : 1);
+    if (listed > GP_MAX_DEVICES) listed = GP_MAX_DEVICES;
+    double least = 0;
+    bool unlimited = false;
+    for (int d = 0; d < listed; d++) {
+        size_t b = pc->devices[d].memory ? pc->devices[d].memory : pc->memory;
+        if (!b) {
+            unlimited = true;
+            continue;
+        }
+        if (least > 0 && (double)b != least) *smallest = true;
+        if (least <= 0 || (double)b < least) least = (double)b;
+    }
+    if (least > 0 && unlimited) *smallest = true;
+    return least > 0 ? least : (double)pc->memory;
+}
+
 static bool plan_one(const gp_config *cfg, const gp_profile *base, int N, int n,
                      gp_schedule_kind kind, int m, gp_checkpoint_mode ck, gp_ckpt_keep keep,
                      double capacity, double link_bw, v_split *vs, gp_plan_result *res,
@@ -273,7 +302,7 @@ gp_status gp_plan_layouts(const gp_config *cfg, const gp_plan_request *rq, gp_pl
     gp_profile prof;
     GP_TRY(plan_profile(cfg, rq, sizes, nz, &prof));
     gp_model_profile_facts(cfg, &prof); /* (the optimizer's shards: per layout) */
-    double capacity = rq->memory > 0 ? rq->memory : (double)cfg->pipeline.memory;
+    double capacity = plan_capacity(cfg, rq, &out->capacity_smallest);
     if (capacity <= 0 && rq->gpu) capacity = strcmp(rq->gpu, "h200") ? 80e9 : 141e9;
     double link = rq->gpu ? 360e9 : host_copy_bw() / 3.0; /* (a reduction: ~3 passes) */
     gp_ckpt_keep plan_keep = plan_keep_of(cfg);

@@ -529,6 +529,8 @@ typedef struct gp_plan_result {
     int no_schedule;          /* more stages than layers, interleaved's m */
     int no_memory;            /* no split within the devices' memory */
     double capacity;          /* the memory planned for (0: unlimited) */
+    bool capacity_smallest;   /* the config's devices hold different amounts:
+                                 capacity is the smallest */
 } gp_plan_result;
 
 /* Every layout of rq->devices devices for cfg's model and batch, planned,
