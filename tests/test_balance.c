@@ -485,7 +485,46 @@ static void test_partition_v(void)
                     int bal2[16];
                     CHECK(gp_partition_solve_v(&pb, bal2, NULL) == GP_OK &&
                           !memcmp(bal, bal2, (size_t)(2 * n) * sizeof *bal));
+                    /* the pruning changes nothing: the same split, ties
+                     * included, and the same largest time */
+                    double got2 = -1;
+                    gp_partition_v_prune = false;
+                    CHECK(gp_partition_solve_v(&pb, bal2, &got2) == GP_OK && got2 == got &&
+                          !memcmp(bal, bal2, (size_t)(2 * n) * sizeof *bal));
+                    gp_partition_v_prune = true;
                 }
+    /* larger, past what brute force enumerates: pruned against unpruned
+     * (every cost model, ties from the integer ones, memory limits) */
+    int pruned_cases = 0, pruned_differ = 0;
+    for (int n = 2; n <= 5; n++)
+        for (int L = 4 * n + 6; L <= 48; L += 10)
+            for (int it = 0; it < 36; it += 1 + (n > 3)) {
+                vprob p;
+                v_random(&p, &rs, it, n, L);
+                if (it % 4 == 3) /* some stages' costs below zero: no stage-cost cut */
+                    for (int j = 0; j < 2 * n; j++) p.off[j] -= 6;
+                gp_partition_problem pb = v_problem(&p);
+                int b1[16], b2[16];
+                double m1 = -1, m2 = -1;
+                gp_status s1 = gp_partition_solve_v(&pb, b1, &m1);
+                gp_error_clear();
+                gp_partition_v_prune = false;
+                gp_status s2 = gp_partition_solve_v(&pb, b2, &m2);
+                gp_error_clear();
+                gp_partition_v_prune = true;
+                pruned_cases++;
+                if (s1 != s2 || (s1 == GP_OK && (m1 != m2 ||
+                                                 memcmp(b1, b2, (size_t)(2 * n) * sizeof *b1)))) {
+                    if (pruned_differ++ < 5)
+                        fprintf(stderr, "V pruning changed L=%d n=%d it=%d: %s / %s, max %.17g "
+                                "/ %.17g\n", L, n, it, gp_status_name(s1), gp_status_name(s2),
+                                m1, m2);
+                }
+            }
+    CHECK_MSG(pruned_differ == 0, "%d of %d larger V cases differ with pruning off",
+              pruned_differ, pruned_cases);
+    printf("test_balance: V partitioner with pruning = without (split and value) on %d cases "
+           "of 14-48 layers, as on every feasible case below\n", pruned_cases);
     CHECK_MSG(mismatch == 0, "%d of %d V cases differ from brute force", mismatch, checked);
     CHECK_MSG(feas_mismatch == 0, "%d V cases disagree on feasibility", feas_mismatch);
     CHECK_MSG(bad_bal == 0, "%d V balances malformed or cost called too often", bad_bal);

@@ -348,14 +348,20 @@ gp_status gp_partition_solve(const gp_partition_problem *pb, int *balance, doubl
  * device time, then the second-largest; remaining ties go to the first
  * split in a fixed scan order (deterministic, not necessarily the
  * lexicographically first).  Costs need not be monotone in a stage's
- * length nor the same for every stage.  About (n - 2) L^4 / 24 steps on
- * tables filled by O(n L^2) calls of cost and mem, O(n L^2) memory; refused
+ * length nor the same for every stage.  At most about (n - 2) L^4 / 24
+ * steps (what cannot beat a feasible split found first is skipped, so
+ * usually far fewer) on tables filled by O(n L^2) calls of cost and mem,
+ * O(n L^2) memory; refused
  * (GP_ERR_INVALID) past 2^33 steps (about 15 s: n = 8 at 400 layers) or
  * 512 MiB of tables.  Errors as gp_partition_solve's: GP_ERR_INVALID for
  * fewer than 2n layers, GP_ERR_OOM when no split fits memory (a layer that
  * alone exceeds every device, or the device that overflows least in the
  * closest split).  out_max may be NULL. */
 gp_status gp_partition_solve_v(const gp_partition_problem *pb, int *balance, double *out_max);
+/* For tests: gp_partition_solve_v prunes what cannot beat a feasible
+ * split's largest device time (exact: the same split, ties included);
+ * false turns that off.  Default true. */
+extern bool gp_partition_v_prune;
 
 /* Additive costs (stage cost = sum of its layers' costs), no memory limit. */
 gp_status gp_partition_minmax(const double *costs, int L, int n, int *balance);
