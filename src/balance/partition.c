@@ -558,7 +558,7 @@ gp_status gp_partition_solve_v(const gp_partition_problem *pb, int *balance, dou
                             "%d devices", L, 2 * n, n, L / 2);
     /* About (n - 2) L^4 / 24 steps (L^3 / 6 for n = 2) at a few ns each:
      * 2^33 is about 15 s (n = 8 at 400 layers, n = 3 at 600); past it, or
-     * past 512 MiB of tables (n <= 2 at about 2800 layers), it says so
+     * past 512 MiB of tables (n = 2 at about 2200 layers), it says so
      * instead of seeming to hang. */
     double work = v_work_count(L, n);
     if (work > 8589934592.0)
