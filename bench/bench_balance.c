@@ -51,6 +51,17 @@ static void two_devices(gp_config *cfg)
     cfg->pipeline.threads = 1;
 }
 
+/* path's config on 2 devices of one thread; 1 (said) if it does not load */
+static int load_two(const char *path, gp_config *cfg)
+{
+    if (gp_config_load(path, NULL, 0, cfg) != GP_OK) {
+        fprintf(stderr, "bench_balance: %s\n", gp_last_error());
+        return 1;
+    }
+    two_devices(cfg);
+    return 0;
+}
+
 /* Seconds per step by stage and instruction kind: measured from the
  * executor's event log, predicted by the stage model for the same
  * instructions. */
@@ -205,11 +216,7 @@ static int turns_bar(int steps)
 {
     const char *path = GPIPE_SOURCE_DIR "/bench/convnet.yaml";
     gp_config cfg;
-    if (gp_config_load(path, NULL, 0, &cfg) != GP_OK) {
-        fprintf(stderr, "bench_balance: %s\n", gp_last_error());
-        return 1;
-    }
-    two_devices(&cfg);
+    if (load_two(path, &cfg)) return 1;
     int m = 4, chosen[2] = {0, 0}, L = cfg.model.n_layers, bal[3][2], k = 0;
     gp_profile p = {0};
     gp_plan_opts po;
@@ -280,11 +287,7 @@ static int simulator_bar(const char *path, int steps, int rounds, bool detailed)
     enum { NM = 3, MAXR = 16 };
     const int ms[NM] = {1, 4, 8};
     gp_config cfg;
-    if (gp_config_load(path, NULL, 0, &cfg) != GP_OK) {
-        fprintf(stderr, "bench_balance: %s\n", gp_last_error());
-        return 1;
-    }
-    two_devices(&cfg);
+    if (load_two(path, &cfg)) return 1;
     if (rounds > MAXR) rounds = MAXR;
     double pred[NM][MAXR], meas[NM][MAXR], bubble[NM][MAXR];
     int bal[NM][MAXR][2];
@@ -363,11 +366,7 @@ static int splits_bar(int steps, int rounds, int near)
 {
     const char *path = GPIPE_SOURCE_DIR "/bench/convnet.yaml";
     gp_config cfg;
-    if (gp_config_load(path, NULL, 0, &cfg) != GP_OK) {
-        fprintf(stderr, "bench_balance: %s\n", gp_last_error());
-        return 1;
-    }
-    two_devices(&cfg);
+    if (load_two(path, &cfg)) return 1;
     int m = 4, chosen[2] = {0, 0};
     cfg.pipeline.chunks = m;
     gp_profile p = {0};
