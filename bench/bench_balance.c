@@ -128,17 +128,24 @@ static void detail_print(const detail *d, const gp_sim_result *r)
            d->pred_update * 1e3, r->step * 1e3);
 }
 
-/* The step times of `balance` at m micro-batches (2 warm-up steps, then
- * `steps` timed ones into times[0..steps)); with p and d, the timed steps'
- * events are added to d. */
-static gp_status measure(const gp_config *base, const int *balance, int m, int steps,
-                         double *times, const gp_profile *p, detail *d)
+/* base with `balance` over its 2 devices at m micro-batches */
+static gp_config split_config(const gp_config *base, const int *balance, int m)
 {
     gp_config cfg = *base;
     cfg.pipeline.chunks = m;
     cfg.pipeline.n_balance = 2;
     cfg.pipeline.balance[0] = balance[0];
     cfg.pipeline.balance[1] = balance[1];
+    return cfg;
+}
+
+/* The step times of `balance` at m micro-batches (2 warm-up steps, then
+ * `steps` timed ones into times[0..steps)); with p and d, the timed steps'
+ * events are added to d. */
+static gp_status measure(const gp_config *base, const int *balance, int m, int steps,
+                         double *times, const gp_profile *p, detail *d)
+{
+    gp_config cfg = split_config(base, balance, m);
     gp_device *devs[GP_MAX_DEVICES];
     gp_model model;
     GP_TRY(gp_train_open(&cfg, devs, &model, true));
@@ -178,11 +185,7 @@ static gp_status measure_turns(const gp_config *base, int (*bal)[2], int k, int 
     int open = 0;
     gp_status s = k <= 8 ? GP_OK : gp_error_set(GP_ERR_INVALID, "at most 8 splits at once");
     for (; open < k && s == GP_OK; open++) {
-        cfg[open] = *base;
-        cfg[open].pipeline.chunks = m;
-        cfg[open].pipeline.n_balance = 2;
-        cfg[open].pipeline.balance[0] = bal[open][0];
-        cfg[open].pipeline.balance[1] = bal[open][1];
+        cfg[open] = split_config(base, bal[open], m);
         s = gp_train_open(&cfg[open], devs[open], &model[open], true);
         if (s != GP_OK) break;
     }
@@ -218,6 +221,7 @@ static int turns_bar(int steps)
     gp_config cfg;
     if (load_two(path, &cfg)) return 1;
     int m = 4, chosen[2] = {0, 0}, L = cfg.model.n_layers, bal[3][2], k = 0;
+    cfg.pipeline.chunks = m; /* (the plan's m: gp_model_plan_opts reads it) */
     gp_profile p = {0};
     gp_plan_opts po;
     gp_model_plan_opts(&cfg, 2, &po);
@@ -238,7 +242,10 @@ static int turns_bar(int steps)
             s = gp_simulate(&p, 2, bal[q], m, cfg.pipeline.checkpoint, true, NULL, &r);
             if (s != GP_OK) break;
             double *v = calloc((size_t)steps, sizeof *v);
-            if (!v) break;
+            if (!v) {
+                s = gp_error_set(GP_ERR_OOM, "out of host memory");
+                break;
+            }
             memcpy(v, t + (size_t)q * (size_t)steps, (size_t)steps * sizeof *v);
             printf("   [%2d,%2d] %12.1f %12.1f%s\n", bal[q][0], bal[q][1],
                    gp_bench_median(v, steps) * 1e3, r.step * 1e3,
