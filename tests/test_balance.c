@@ -1739,6 +1739,93 @@ static void test_chain_cuts(void)
     gp_config_free(&cfg);
 }
 
+/* Every stage j of n (1..4), first layer and length of p: gp_stage_sums_times
+ * the bits of gp_stage_times_of; false (reported) at the first that is not. */
+static bool sums_match(const gp_profile *p, const gp_layer_times *lt, gp_stage_sums *s, int trial,
+                       int *checked)
+{
+    double loss = urand(), upload = urand();
+    for (int n = 1; n <= 4; n++)
+        for (int j = 0; j < n; j++)
+            for (int first = j ? 1 : 0; first < (j ? p->L : 1); first++) /* stage 0 begins at 0 */
+                for (int count = 1; first + count <= p->L; count++) {
+                    gp_stage_times a = gp_stage_times_of(p, lt, loss, upload, j, n, first, count);
+                    gp_stage_times b = gp_stage_sums_times(s, loss, upload, j, n, first, count);
+                    ++*checked;
+                    CHECK_MSG(!memcmp(&a, &b, sizeof a),
+                              "trial %d: stage %d of %d, layers %d..%d: sums F %.17g R %.17g Bd "
+                              "%.17g W %.17g up %.17g act %.17g grad %.17g, plain %.17g %.17g "
+                              "%.17g %.17g %.17g %.17g %.17g", trial, j, n, first,
+                              first + count - 1, b.F, b.R, b.Bd, b.W, b.update, b.copy_act,
+                              b.copy_grad, a.F, a.R, a.Bd, a.W, a.update, a.copy_act, a.copy_grad);
+                    if (memcmp(&a, &b, sizeof a)) return false;
+                }
+    return true;
+}
+
+/* The planner's stage sums (gp_stage_sums) against gp_stage_times_of, every
+ * field's bits, for every stage j of n, first layer and length, on random
+ * profiles with everything a stage's edges change: runs of in-place layers
+ * with kept types among them, fused relus, blocked chains cut at either
+ * end (short, as profiled, and long, as a loaded profile may say), skips
+ * short and long, and a first trainable layer past 0.  Layer times are
+ * random doubles, so a sum taken in another order differs in its last
+ * bits: a prefix difference or a reordered skip fails here. */
+static void test_stage_sums(void)
+{
+    int checked = 0;
+    for (int trial = 0; trial < 60; trial++) {
+        int L = 2 + (int)(urand() * 40);
+        gp_profile p = {0};
+        p.L = L;
+        p.timed = true;
+        p.first_trainable = (int)(urand() * 3) % L;
+        p.mem = calloc((size_t)L, sizeof *p.mem);
+        gp_layer_times *lt = calloc((size_t)L, sizeof *lt);
+        int nsk = (int)(urand() * 6);
+        p.skips = calloc((size_t)nsk + 1, sizeof *p.skips);
+        CHECK(p.mem && lt && p.skips);
+        for (int k = 0; k < L; k++) {
+            gp_layer_mem *m = &p.mem[k];
+            m->inplace = urand() < (trial % 3 == 0 ? 0.8 : 0.35);
+            m->ckpt_keep = urand() < 0.25;
+            m->fused = k > 0 && urand() < 0.15;
+            m->update = urand() * 1e-3;
+            if (k > 0 && urand() < 0.25) {
+                m->x_chain = true;
+                m->x_from = (int)(urand() * k); /* 0 .. k - 1 */
+            }
+            if (k < L - 1 && urand() < 0.25) {
+                m->y_chain = true;
+                m->y_to = k + 1 + (int)(urand() * (L - 1 - k)); /* k + 1 .. L - 1 */
+            }
+            lt[k] = (gp_layer_times){urand(), urand(), urand(), urand() < 0.5 ? urand() : 0,
+                                     urand(), urand() * 0.1};
+        }
+        for (int t = 0; t < nsk; t++) { /* ordered by from, as a profile's */
+            int a = (int)(urand() * (L - 1)), b = a + 1 + (int)(urand() * (L - 1 - a));
+            p.skips[t] = (gp_profile_skip){a, b};
+        }
+        for (int t = 1; t < nsk; t++)
+            for (int u = t; u > 0 && p.skips[u].from < p.skips[u - 1].from; u--) {
+                gp_profile_skip x = p.skips[u];
+                p.skips[u] = p.skips[u - 1];
+                p.skips[u - 1] = x;
+            }
+        p.n_skips = nsk;
+        gp_stage_sums *s = gp_stage_sums_new(&p, lt);
+        CHECK(s != NULL);
+        if (!s) break;
+        bool same = sums_match(&p, lt, s, trial, &checked);
+        gp_stage_sums_free(s);
+        free(lt);
+        free(p.mem);
+        free(p.skips);
+        if (!same) break; /* one report */
+    }
+    printf("test_balance: stage sums = the plain sums, bit for bit, on %d stages\n", checked);
+}
+
 /* Skips in the cost model: on four one-layer stages (layer k's output copy
  * takes 10 (k + 1), holds 100 (k + 1) bytes per sample), a skip from layer 0
  * to layer 3 adds its copy to stage 3's receive and its gradient's to stage
@@ -2522,6 +2609,7 @@ int main(int argc, char **argv)
         test_plan_interleaved_random();
         test_plan_units();
         test_skip_costs();
+        test_stage_sums();
         test_chain_cuts();
         test_bf16_copy_memory();
         test_inplace_costs();

@@ -293,6 +293,17 @@ typedef struct gp_stage_times {
 gp_stage_times gp_stage_times_of(const gp_profile *p, const gp_layer_times *lt, double loss,
                                  double upload, int j, int n, int first, int count);
 
+/* The same figures for the planner's n L^2 stages at O(1) each, bit for bit
+ * gp_stage_times_of's (the same terms added in the same order, from running
+ * sums kept per first layer, about 20 L^2 bytes once every first is asked).
+ * NULL where that would pass 256 MiB (about 3600 layers) or memory runs
+ * out: use gp_stage_times_of.  p and lt must outlive it. */
+typedef struct gp_stage_sums gp_stage_sums;
+gp_stage_sums *gp_stage_sums_new(const gp_profile *p, const gp_layer_times *lt);
+gp_stage_times gp_stage_sums_times(gp_stage_sums *s, double loss, double upload, int j, int n,
+                                   int first, int count);
+void gp_stage_sums_free(gp_stage_sums *s);
+
 /* Peak bytes of stage j's device over one step of m micro-batches of the
  * given sizes under `ckpt`: parameters, gradients, optimizer state and the
  * stage's workspace, plus activations tracked instruction by instruction
