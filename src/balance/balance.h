@@ -406,6 +406,10 @@ typedef struct gp_plan_opts {
      * (interleaved, zb-v, dualpipe-v) */
     gp_schedule_kind sim_kind;
     bool lockstep;                /* the run's (for the simulated refinement) */
+    double mem_slack;             /* the refinement's memory pass: how much
+                                     longer than the refined step a split that
+                                     holds less may simulate (0: the default,
+                                     GP_REFINE_MEM_SLACK; < 0: no pass) */
 } gp_plan_opts;
 
 /* The balance for `o` from a profile (memory is always a constraint).  By
@@ -418,8 +422,16 @@ typedef struct gp_plan_opts {
  * step of the interleaved schedule falls (under lockstep the result is
  * kept only if its lockstep step is no longer), every stage stays within
  * its capacity and every device's simulated peak within the sum of its
- * stages' capacities (or, if the min-max split needs more, that).  A
+ * stages' capacities (or, if the min-max split needs more, that).  Then
+ * boundaries move past one layer of next to no time (at most
+ * GP_REFINE_MEM_LAYER of a stage's mean) while the largest device peak
+ * falls and the step stays within GP_REFINE_MEM_SLACK of the refined one
+ * and no longer than the min-max split's (which side of a relu a cut falls
+ * changes what a stage keeps, not its time); of zb-v's two refined
+ * candidates the one that holds less within that slack of the shorter.  A
  * budget of simulated work bounds the search at large n and m. */
+#define GP_REFINE_MEM_SLACK 0.005
+#define GP_REFINE_MEM_LAYER 0.02
 gp_status gp_balance_plan(const gp_profile *p, const gp_plan_opts *o, int *balance);
 /* Models of more than GP_UNIT_MIN_LAYERS layers are split at their repeated
  * blocks, as Megatron-LM splits at Transformer layers: the exact min-max
