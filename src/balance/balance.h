@@ -428,8 +428,8 @@ typedef struct gp_plan_opts {
  * falls and the step stays within GP_REFINE_MEM_SLACK of the refined one
  * and no longer than the min-max split's (which side of a relu a cut falls
  * changes what a stage keeps, not its time); of zb-v's two refined
- * candidates the one that holds less within that slack of the shorter.  A
- * budget of simulated work bounds the search at large n and m. */
+ * candidates the shorter.  A budget of simulated work bounds the search at
+ * large n and m. */
 #define GP_REFINE_MEM_SLACK 0.005
 #define GP_REFINE_MEM_LAYER 0.02
 gp_status gp_balance_plan(const gp_profile *p, const gp_plan_opts *o, int *balance);
