@@ -124,20 +124,18 @@ gp_stage_sums *gp_stage_sums_new(const gp_profile *p, const gp_layer_times *lt)
             if (p->skips[t].from < b && b <= p->skips[t].to) s->cross[c++] = t;
         if (b == L) s->cross_at[b + 1] = c;
     }
-    for (int last = 0; last < L; last++) {
-        int d = last + 1;
-        if (last < L - 1 && p->mem[last + 1].inplace) { /* kept_at's walk reaches last */
-            int h = last;
-            while (h > 0 && p->mem[h].inplace) h--;
-            d = h;
-        }
-        for (int k = 0; k < d; k++) /* a chain past last that k's output begins */
-            if (p->mem[k].y_chain && last < p->mem[k].y_to) {
-                d = k;
-                break;
-            }
-        s->dep[last] = d;
+    /* dep in one pass each, not O(L) a stage end (plan_open makes one of
+     * these a layout): the first of the run of in-place layers that
+     * kept_at's walk from an earlier layer crosses `last` with ... */
+    for (int last = 0, h = 0; last < L; last++) {
+        if (last == 0 || !p->mem[last].inplace) h = last; /* (kept_at's walk back) */
+        s->dep[last] = last < L - 1 && p->mem[last + 1].inplace ? h : last + 1;
     }
+    /* ... or, earlier, the first layer whose output begins a blocked chain
+     * past last (k ascending: the first such k stays) */
+    for (int k = 0; k < L; k++)
+        for (int last = k; p->mem[k].y_chain && last < p->mem[k].y_to && last < L; last++)
+            if (s->dep[last] > k) s->dep[last] = k;
     return s;
 }
 
