@@ -479,24 +479,76 @@ gp_status gp_cpu_gemm_wb(gp_device *dev, int trans_a, int trans_b, int64_t m, in
     return gemm(dev, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, true);
 }
 
+/* gp_ew_row_logsumexp's sum through gp_cpu_exp_d, in 8 running sums
+ * (element j to sum j % 8, added in a fixed tree at the end): the same
+ * bits from every clone, whose vectors hold 2, 4 or 8 of them. */
+static inline __attribute__((always_inline)) double cpu_row_logsumexp(const float *x,
+                                                                     int64_t cols, float max)
+{
+    double acc[8] = {0};
+    int64_t j = 0;
+    for (; j + 8 <= cols; j += 8)
+#pragma omp simd
+        for (int l = 0; l < 8; l++) acc[l] += gp_cpu_exp_d((double)(x[j + l] - max));
+    for (int l = 0; j + l < cols; l++) acc[l] += gp_cpu_exp_d((double)(x[j + l] - max));
+    return log(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
+}
+
+/* gp_ew_row_max's maximum and first index of it, in two passes that
+ * vectorise: 8 running maxima (NaN never wins a comparison, as there), then
+ * the first element equal to it.  The same answer (a set's maximum does not
+ * depend on the order it is taken in): x[0] where it is NaN, else the
+ * largest of the others. */
+static inline __attribute__((always_inline)) float cpu_row_max(const float *x, int64_t cols,
+                                                              int64_t *argmax)
+{
+    float mv[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                   -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int64_t j = 1;
+    for (; j + 8 <= cols; j += 8)
+#pragma omp simd
+        for (int l = 0; l < 8; l++) mv[l] = x[j + l] > mv[l] ? x[j + l] : mv[l];
+    for (int l = 0; j + l < cols; l++) mv[l] = x[j + l] > mv[l] ? x[j + l] : mv[l];
+    float m = x[0];
+    for (int l = 0; l < 8; l++) m = mv[l] > m ? mv[l] : m;
+    int64_t a = 0;
+    while (m == m && x[a] != m) a++; /* (found: m is one of them) */
+    *argmax = a;
+    return m;
+}
+
 /* One row of the cross-entropy: x (cols logits, ld apart from the next
  * row's), the loss added to *loss, whether the first maximum is the label
- * to *hits, the gradient (padding zeroed) into g where not NULL. */
+ * to *hits, the gradient (padding zeroed) into g where not NULL.  The
+ * formulas of elementwise.h, with the exponentials of gp_cpu_exp_d (the C
+ * library's exp, a call per logit, was 4% of tiny-gpt's step). */
 static inline __attribute__((always_inline)) void
 xent_row(const float *x, int64_t cols, int64_t ld, int64_t label, float scale, float smoothing,
          float *g, double *loss, int64_t *hits)
 {
     int64_t argmax;
-    float max = gp_ew_row_max(x, cols, &argmax);
-    double lse = gp_ew_row_logsumexp(x, cols, max);
+    float max = cpu_row_max(x, cols, &argmax);
+    double lse = cpu_row_logsumexp(x, cols, max);
     if (smoothing == 0.0f) {
         *loss += gp_ew_xent_loss(x, label, max, lse);
-        if (g) gp_ew_xent_grad_row(x, cols, label, max, lse, scale, g);
+        if (g)
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++) { /* gp_ew_xent_grad_one */
+                double p = gp_cpu_exp_d((double)(x[j] - max) - lse);
+                g[j] = (float)((p - (j == label ? 1.0 : 0.0)) * (double)scale);
+            }
     } else {
         double shift = gp_ew_row_shift_sum(x, cols, max);
         *loss += gp_ew_xent_loss_ls(x, label, max, lse, shift, cols, smoothing);
-        for (int64_t j = 0; g && j < cols; j++)
-            g[j] = gp_ew_xent_grad_ls(x[j], j == label, max, lse, scale, smoothing, cols);
+        /* gp_ew_xent_grad_ls: the target eps / cols, 1 - eps + eps / cols on
+         * the label */
+        double qo = (double)smoothing / (double)cols, ql = (1.0 - (double)smoothing) + qo;
+        if (g)
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++) {
+                double p = gp_cpu_exp_d((double)(x[j] - max) - lse);
+                g[j] = (float)((p - (j == label ? ql : qo)) * (double)scale);
+            }
     }
     for (int64_t j = cols; g && j < ld; j++) g[j] = 0.0f; /* padding */
     *hits += argmax == label;
