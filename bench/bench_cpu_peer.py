@@ -84,11 +84,12 @@ def native_blas_core():
 
 
 def blas_check():
-    """The BLAS that torch's products run on: MKL where the wheel carries it
-    (PyPI's), else libblas.so.3, whose reference build is refused."""
+    """The BLAS that torch's products run on, for the header line: "mkl"
+    where the wheel carries MKL (PyPI's), else libblas.so.3's folder (e.g.
+    "openblas-pthread"), whose reference build is refused."""
     import torch
     if torch.backends.mkl.is_available():
-        return "mkl/"
+        return "mkl"
     try:
         real = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
     except OSError:
@@ -97,7 +98,7 @@ def blas_check():
         sys.exit("bench_cpu_peer: libblas.so.3 is %s, not OpenBLAS: PyTorch's linear layers "
                  "would run on the reference BLAS (40x slower). Install libopenblas0-pthread "
                  "(scripts/install-deps.sh --bench)." % real)
-    return real
+    return os.path.basename(os.path.dirname(real))
 
 
 def torch_step_ms(cfg, threads, steps, precision="fp32"):
@@ -206,8 +207,7 @@ def main():
           % (cpu_name(), args.isa, " (emulated: %s)" % " ".join("%s=%s" % kv for kv in
                                                                 AVX2_ENV.items())
              if args.isa == "avx2" else "", args.precision, args.activations, args.optimizer,
-             torch.__version__, os.path.basename(
-                 os.path.dirname(blas)), ", OPENBLAS_CORETYPE=%s, the environment's: %s"
+             torch.__version__, blas, ", OPENBLAS_CORETYPE=%s, the environment's: %s"
              % (core, os.environ.get("OPENBLAS_CORETYPE", "unset")) if core else "",
              args.threads, args.steps, args.repeat))
     print()

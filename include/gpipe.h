@@ -104,6 +104,11 @@ gp_status gp_run_load_resume(const char *path, const char *const *overrides, int
 gp_status gp_run_parse(const char *name, const char *yaml,
                        const char *const *overrides, int n_overrides,
                        gp_run **out);
+/* Closes the run's devices, joins its worker threads and frees it, its
+ * model and its configuration; it saves nothing (gp_run_save first for a
+ * snapshot).  Call it after the run's other calls have returned (to end a
+ * gp_run_train early: gp_run_stop, then let it return).  NULL: nothing.
+ * In a child of fork(): the child's memory only (above). */
 void gp_run_free(gp_run *run);
 
 typedef struct gp_metrics {
