@@ -156,6 +156,10 @@ def page(text):
 
 
 def main():
+    if len(sys.argv) > 2 or (len(sys.argv) == 2 and sys.argv[1].startswith("-")):
+        # (an option is not an output path: --help once wrote a file of that name)
+        print(__doc__.strip())
+        return 0 if sys.argv[1:] in (["-h"], ["--help"]) else 2
     dest = sys.argv[1] if len(sys.argv) > 1 else os.path.join(SRC, "docs", "api.md")
     with open(HEADER) as f:
         text = page(f.read())
