@@ -529,27 +529,20 @@ xent_row(const float *x, int64_t cols, int64_t ld, int64_t label, float scale, f
     int64_t argmax;
     float max = cpu_row_max(x, cols, &argmax);
     double lse = cpu_row_logsumexp(x, cols, max);
-    if (smoothing == 0.0f) {
+    if (smoothing == 0.0f)
         *loss += gp_ew_xent_loss(x, label, max, lse);
-        if (g)
+    else
+        *loss += gp_ew_xent_loss_ls(x, label, max, lse, gp_ew_row_shift_sum(x, cols, max), cols,
+                                    smoothing);
+    /* gp_ew_xent_grad_ls: the target eps / cols, 1 - eps + eps / cols on the
+     * label (eps = 0: 0 and 1, gp_ew_xent_grad_one's bits) */
+    double qo = (double)smoothing / (double)cols, ql = (1.0 - (double)smoothing) + qo;
+    if (g)
 #pragma omp simd
-            for (int64_t j = 0; j < cols; j++) { /* gp_ew_xent_grad_one */
-                double p = gp_cpu_exp_d((double)(x[j] - max) - lse);
-                g[j] = (float)((p - (j == label ? 1.0 : 0.0)) * (double)scale);
-            }
-    } else {
-        double shift = gp_ew_row_shift_sum(x, cols, max);
-        *loss += gp_ew_xent_loss_ls(x, label, max, lse, shift, cols, smoothing);
-        /* gp_ew_xent_grad_ls: the target eps / cols, 1 - eps + eps / cols on
-         * the label */
-        double qo = (double)smoothing / (double)cols, ql = (1.0 - (double)smoothing) + qo;
-        if (g)
-#pragma omp simd
-            for (int64_t j = 0; j < cols; j++) {
-                double p = gp_cpu_exp_d((double)(x[j] - max) - lse);
-                g[j] = (float)((p - (j == label ? ql : qo)) * (double)scale);
-            }
-    }
+        for (int64_t j = 0; j < cols; j++) {
+            double p = gp_cpu_exp_d((double)(x[j] - max) - lse);
+            g[j] = (float)((p - (j == label ? ql : qo)) * (double)scale);
+        }
     for (int64_t j = cols; g && j < ld; j++) g[j] = 0.0f; /* padding */
     *hits += argmax == label;
 }
