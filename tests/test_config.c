@@ -344,6 +344,35 @@ static void test_defaults(void)
 
 /* stash / pop in YAML: parsed into the specs, and every misuse an error at
  * file:line:column naming the layers */
+/* pipeline.lockstep's default follows the schedule (gp_lockstep_default):
+ * lockstep for gpipe's fill-drain, free-running for every other schedule,
+ * whose lists reorder work across clocks; written, it holds for any. */
+static void test_lockstep_default(void)
+{
+    static const char *const names[] = {"gpipe", "1f1b", "zb-h1", "interleaved",
+                                        "zb-v", "dualpipe-v", "v-half", "v-min"};
+    _Static_assert(sizeof names / sizeof *names == GP_SCHEDULE_KINDS, "every schedule");
+    for (int k = 0; k < GP_SCHEDULE_KINDS; k++)
+        for (int given = 0; given < 3; given++) { /* unset, true, false */
+            char sched[64];
+            snprintf(sched, sizeof sched, "pipeline.schedule=%s", names[k]);
+            const char *sets[] = {"pipeline.devices=[cpu:0, cpu:1]", "pipeline.chunks=4", sched,
+                                  given == 1 ? "pipeline.lockstep=true"
+                                             : "pipeline.lockstep=false"};
+            gp_config c;
+            CHECK_OK(parse_set(k_base, sets, given ? 4 : 3, &c));
+            CHECK(c.pipeline.schedule == (gp_schedule_kind)k);
+            bool want = given ? given == 1 : k == GP_SCHEDULE_GPIPE;
+            if (c.pipeline.lockstep != want || c.pipeline.lockstep_given != (given != 0))
+                fprintf(stderr, "  schedule %s, lockstep %s: got %d (given %d)\n", names[k],
+                        given ? sets[3] : "unset", c.pipeline.lockstep,
+                        c.pipeline.lockstep_given);
+            CHECK(c.pipeline.lockstep == want);
+            CHECK(c.pipeline.lockstep_given == (given != 0));
+            gp_config_free(&c);
+        }
+}
+
 static void test_skips(void)
 {
     static const char *const k_skips =
@@ -1860,6 +1889,7 @@ int main(void)
     test_override_names(); /* (first: it switches to the tools' names) */
     test_full();
     test_defaults();
+    test_lockstep_default();
     test_skips();
     test_errors();
     test_unet_layers();

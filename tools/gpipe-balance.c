@@ -393,7 +393,7 @@ static void print_hint(int argc, char **argv, int n, int m, const char *sched, i
     print_word(ckset);
     printf(" --write OUT.yaml\n");
     if (lockstep && strcmp(sched, "gpipe"))
-        printf("  (simulated lockstep, as the config runs; %s often runs faster free-running: "
+        printf("  (simulated lockstep, as the config sets it; %s often runs faster free-running: "
                "add --set pipeline.lockstep=false to simulate that)\n", sched);
 }
 
@@ -990,8 +990,12 @@ int main(int argc, char **argv)
         gp_checkpoint_mode ck;
     } sim_pick = {-1, 1, 1, GP_CKPT_NEVER}; /* what --write-schedule writes, if any */
     if (s == GP_OK && simulate && prof.timed) {
+        /* each schedule under its own default lockstep (gpipe in lockstep,
+         * the others free-running), unless the config says which */
+        bool ls_given = cfg.pipeline.lockstep_given;
         printf("\nsimulated steps with this balance (%s%s):\n",
-               cfg.pipeline.lockstep ? "lockstep" : "free-running",
+               !ls_given ? "gpipe in lockstep, the others free-running"
+               : cfg.pipeline.lockstep ? "lockstep" : "free-running",
                R > 1 ? "; one replica's pipeline and samples/s, without the replicas' "
                        "exchanges" : "");
         printf("%-8s %-16s %4s %10s %8s %12s %12s %5s\n", "schedule", "checkpoint", "m",
@@ -1069,9 +1073,10 @@ int main(int argc, char **argv)
                     if (q > batch) break;
                     if (ik && q % n) continue;
                     if (runs[u].kind == GP_SCHEDULE_DUALPIPE_V && q < 2 * n) continue;
+                    bool ls = ls_given ? cfg.pipeline.lockstep
+                                       : gp_lockstep_default(runs[u].kind);
                     s = gp_simulate_schedule(&prof, runs[u].kind, n, runs[u].v, runs[u].bal, q,
-                                             modes[c], cfg.pipeline.lockstep, pd.capacity,
-                                             &r[cnt]);
+                                             modes[c], ls, pd.capacity, &r[cnt]);
                     if (s != GP_OK) break;
                     char b1[32], name[16], cl[32];
                     snprintf(name, sizeof name, "interl.%d", r[cnt].v);
@@ -1109,7 +1114,7 @@ int main(int argc, char **argv)
             if (!same)
                 print_hint(argc, argv, n, r[pick].m, gp_schedule_kind_name(r[pick].schedule),
                            r[pick].v, v, r[pick].checkpoint, cfg.pipeline.checkpoint_keep,
-                           cfg.pipeline.lockstep);
+                           ls_given && cfg.pipeline.lockstep);
         }
         else if (s == GP_OK && !own_fits) /* the config fits nowhere, nor does anything else */
             s = gp_error_set(GP_ERR_INVALID, "no schedule, checkpoint mode and m fits device "

@@ -81,7 +81,12 @@ typedef struct gp_pipeline_config {
     gp_ckpt_keep checkpoint_keep; /* pipeline.checkpoint.keep: the layer types
                                      a checkpointed forward keeps; 0 (default):
                                      none, its input only */
-    bool lockstep;        /* default true */
+    bool lockstep;        /* default gp_lockstep_default(schedule): true
+                             for gpipe, false (free-running) otherwise */
+    bool lockstep_given;  /* pipeline.lockstep was written in the config:
+                             the simulator's sweep over schedules keeps it
+                             for every schedule, else each takes its own
+                             default */
     gp_schedule_kind schedule; /* default gpipe */
     int virtual_stages;   /* pipeline.virtual: stages per device; 1, or >= 2
                              (default 2) with schedule: interleaved; 2 with

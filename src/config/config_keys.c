@@ -184,7 +184,7 @@ static const gp_cfg_key k_keys[] = {
     K_OTHER("pipeline.checkpoint.keep", "a list of layer types", NULL, 0, 0, 0,
             "layer types whose outputs a checkpointed forward keeps, so the recompute runs "
             "only the others (e.g. [linear, attention])"),
-    K_BOOL("pipeline.lockstep", "true", 0,
+    K_BOOL("pipeline.lockstep", "true with schedule: gpipe, else false", GP_CFG_VARIES,
            "copies of clock k wait for every computation before k (false: free-running)"),
     K_ENUM("pipeline.schedule", "gpipe, 1f1b, zb-h1, interleaved, zb-v, dualpipe-v, v-half, v-min",
            "gpipe", 0, "the pipeline schedule, or {file: PATH}, a schedule as PyTorch's per-rank "

@@ -545,7 +545,9 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
                           pc->chunks, pc->replicas, (long long)pc->chunks * pc->replicas,
                           GP_MAX_CHUNKS, GP_MAX_CHUNKS / pc->replicas);
     GP_TRY(parse_checkpoint(w, m, pc));
-    GP_TRY(gp_cfg_get_bool(w, m, "pipeline", "lockstep", true, &pc->lockstep));
+    pc->lockstep_given = gp_ymap_get(m, "lockstep") != NULL;
+    GP_TRY(gp_cfg_get_bool(w, m, "pipeline", "lockstep", gp_lockstep_default(pc->schedule),
+                           &pc->lockstep));
     int cp = 0;
     GP_TRY(gp_cfg_get_enum(w, m, "pipeline", "copy_precision", k_copy_names,
                            GP_COUNT(k_copy_names), GP_COPY_AUTO, &cp));

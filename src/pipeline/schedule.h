@@ -191,6 +191,15 @@ const char *gp_schedule_kind_name(gp_schedule_kind k);
  * holding stages d and 2n - 1 - d) rather than in loops (stage j on device
  * j mod n: one stage each, or interleaved's v). */
 bool gp_schedule_v_shape(gp_schedule_kind k);
+/* pipeline.lockstep's default for schedule k: lockstep (a copy of clock k
+ * waits for every computation of the clocks before it, torchgpipe's rule)
+ * for gpipe's fill-drain only.  Every other schedule reorders a device's
+ * work across clocks, so lockstep holds its copies behind work they do
+ * not need: on 2 CPU devices (AVX2 EPYC, 2026-11-30, bench/README.md
+ * "Lockstep by default") zb-v's bubble was 0.19-0.20 lockstep against
+ * 0.04-0.05 free-running, interleaved's 0.17-0.19 against 0.06-0.07, and
+ * 1F1B's the same either way.  The result is the same bits either way. */
+static inline bool gp_lockstep_default(gp_schedule_kind k) { return k == GP_SCHEDULE_GPIPE; }
 /* Stages per device: interleaved's v (virtual, >= 2), zb-v's 2, else 1. */
 int gp_schedule_stages_per_device(gp_schedule_kind k, int virtual_stages);
 /* The device of stage j of 2n placed in a V over n devices: d holds
