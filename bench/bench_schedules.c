@@ -17,10 +17,14 @@
  *     executor's event log (1 - busy / wall; busy = the instructions' time
  *     without the waits of copies and of the barrier), as the trace shows it.
  *
+ * --lockstep instead: every schedule at m = 8 in lockstep and free-running,
+ * alternated within each round, step and bubble side by side (what
+ * pipeline.lockstep's default per schedule, gp_lockstep_default, rests on).
+ *
  * Rounds alternate the schedules so the host's drift hits all alike;
  * medians over the rounds' steps.  The processor is printed first.
  *
- * usage: bench_schedules [--steps N] [--rounds R] [CONFIG.yaml]
+ * usage: bench_schedules [--steps N] [--rounds R] [--lockstep] [CONFIG.yaml]
  * Benchmarks print; they never fail a build.
  */
 #include "balance/balance.h"
@@ -46,17 +50,15 @@ typedef struct {
 } series;
 
 /* bal: the layers per stage (NULL: balance: auto). */
-static gp_status run(const gp_config *base, gp_schedule_kind kind, int m, int steps, series *out,
-                     const int *bal)
+static gp_status run_ls(const gp_config *base, gp_schedule_kind kind, int m, int steps,
+                        series *out, const int *bal, bool lockstep)
 {
     gp_config cfg = *base;
     cfg.pipeline.chunks = m;
     cfg.pipeline.checkpoint = GP_CKPT_NEVER;
     cfg.pipeline.schedule = kind;
     cfg.pipeline.virtual_stages = gp_schedule_stages_per_device(kind, 2); /* zb-v: 2, a V */
-    /* free-running: lockstep holds every copy until all earlier clocks are
-     * done, which costs 1F1B and ZB-H1 where a backward outlasts a forward */
-    cfg.pipeline.lockstep = false;
+    cfg.pipeline.lockstep = lockstep;
     gp_bench_cpu_devices(&cfg, 2);
     if (bal) {
         cfg.pipeline.n_balance = 2 * cfg.pipeline.virtual_stages;
@@ -92,17 +94,53 @@ static gp_status run(const gp_config *base, gp_schedule_kind kind, int m, int st
     return s;
 }
 
+/* Free-running: lockstep holds every copy until all earlier clocks are
+ * done, which costs every schedule but gpipe's (--lockstep measures it). */
+static gp_status run(const gp_config *base, gp_schedule_kind kind, int m, int steps, series *out,
+                     const int *bal)
+{
+    return run_ls(base, kind, m, steps, out, bal, false);
+}
+
 static int simulator(gp_config *cfg, int steps, int rounds);
+
+/* --lockstep: each schedule at m = 8 in lockstep and free-running, the two
+ * alternated within every round so the host's drift hits both alike. */
+static int lockstep_table(const gp_config *cfg, int steps, int rounds)
+{
+    static series ls[KINDS][2];
+    for (int r = 0; r < rounds; r++)
+        for (int k = 0; k < KINDS; k++)
+            for (int q = 0; q < 2; q++)
+                if (run_ls(cfg, (gp_schedule_kind)k, 8, steps, &ls[k][q], NULL, q == 0) != GP_OK) {
+                    fprintf(stderr, "bench_schedules: %s\n", gp_last_error());
+                    return 1;
+                }
+    printf("m = 8%-7s %14s %10s %14s %10s %16s\n", "", "lockstep ms", "bubble", "free ms",
+           "bubble", "lockstep / free");
+    for (int k = 0; k < KINDS; k++) {
+        double a = gp_bench_median(ls[k][0].steps, ls[k][0].n);
+        double b = gp_bench_median(ls[k][1].steps, ls[k][1].n);
+        printf("%-12s %14.1f %10.3f %14.1f %10.3f %16.3f   (default: %s)\n",
+               k == GP_SCHEDULE_INTERLEAVED ? "interleaved2" : gp_schedule_kind_name((gp_schedule_kind)k),
+               a * 1e3, gp_bench_median(ls[k][0].bubble, ls[k][0].n), b * 1e3,
+               gp_bench_median(ls[k][1].bubble, ls[k][1].n), a / b,
+               gp_lockstep_default((gp_schedule_kind)k) ? "lockstep" : "free-running");
+    }
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
     int steps = 5, rounds = 3;
+    bool lockstep = false;
     const char *path = GPIPE_SOURCE_DIR "/bench/convnet.yaml";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--lockstep")) lockstep = true;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            puts("usage: bench_schedules [--steps N] [--rounds R] [CONFIG.yaml]");
+            puts("usage: bench_schedules [--steps N] [--rounds R] [--lockstep] [CONFIG.yaml]");
             return 0;
         } else path = argv[i];
     }
@@ -115,8 +153,14 @@ int main(int argc, char **argv)
     }
     char cpu[256];
     gp_bench_cpu_name(cpu, sizeof cpu);
-    printf("%s\n%s, batch %lld, 2 CPU devices x 1 thread, checkpoint never, free-running; "
-           "%d rounds x %d steps\n\n", cpu, path, (long long)cfg.train.batch_size, rounds, steps);
+    printf("%s\n%s, batch %lld, 2 CPU devices x 1 thread, checkpoint never, %s; "
+           "%d rounds x %d steps\n\n", cpu, path, (long long)cfg.train.batch_size,
+           lockstep ? "lockstep against free-running" : "free-running", rounds, steps);
+    if (lockstep) {
+        int rc = lockstep_table(&cfg, steps, rounds);
+        gp_config_free(&cfg);
+        return rc;
+    }
     static series mem[KINDS], bub[KINDS];
     for (int r = 0; r < rounds; r++)
         for (int k = 0; k < KINDS; k++) {
