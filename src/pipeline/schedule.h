@@ -196,9 +196,9 @@ bool gp_schedule_v_shape(gp_schedule_kind k);
  * for gpipe's fill-drain only.  Every other schedule reorders a device's
  * work across clocks, so lockstep holds its copies behind work they do
  * not need: on 2 CPU devices (AVX2 EPYC, 2026-11-30, bench/README.md
- * "Lockstep by default") zb-v's bubble was 0.19-0.20 lockstep against
- * 0.04-0.05 free-running, interleaved's 0.17-0.19 against 0.06-0.07, and
- * 1F1B's the same either way.  The result is the same bits either way. */
+ * "Lockstep by default") zb-v's bubble was 0.19 lockstep against
+ * 0.03-0.04 free-running, interleaved's 0.17 against 0.06, and 1F1B's
+ * the same either way.  The result is the same bits either way. */
 static inline bool gp_lockstep_default(gp_schedule_kind k) { return k == GP_SCHEDULE_GPIPE; }
 /* Stages per device: interleaved's v (virtual, >= 2), zb-v's 2, else 1. */
 int gp_schedule_stages_per_device(gp_schedule_kind k, int virtual_stages);
