@@ -199,6 +199,15 @@ static void test_cli_errors(void)
     CHECK(run(cmd, out, sizeof out) == 0);
     CHECK_MSG(strstr(out, "split by estimated FLOPs") && strstr(out, "stage 1 on cpu:1"),
               "output: %s", out);
+    CHECK_MSG(strstr(out, "--devices 2 prints that split"), "output: %s", out);
+    /* in a V, 4 stages on 2 devices: gpipe-balance's --devices counts
+     * devices (it said 4 until 2026-11-30) */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set pipeline.balance=auto "
+             "--set 'pipeline.devices=[cpu:0,cpu:1]' --set pipeline.schedule=zb-v",
+             bin, GPIPE_SOURCE_DIR);
+    CHECK(run(cmd, out, sizeof out) == 0);
+    CHECK_MSG(strstr(out, "--devices 2 prints that split") && strstr(out, "stage 3 on cpu:0"),
+              "output: %s", out);
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set 'pipeline.balance=[3, "
              "10]' --set 'pipeline.devices=[cpu:0,cpu:1]'", bin, GPIPE_SOURCE_DIR);
     int rc_b = run(cmd, out, sizeof out);

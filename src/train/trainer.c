@@ -2945,7 +2945,8 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
     if (flops_split)
         fprintf(f, "balance: auto; shown split by estimated FLOPs (a run profiles each layer "
                    "first and may split otherwise: gpipe-balance %s --devices %d prints that "
-                   "split)\n", cfg0->path, S);
+                   "split)\n", cfg0->path, n); /* devices, not stages: a V or
+                                                   interleaved run has more */
     fprintf(f, "model: %d layers, input %lld x %lld x %lld, batch %lld, on %d device%s%s%s%s\n",
             m.n_layers, (long long)cfg->model.input[0], (long long)cfg->model.input[1],
             (long long)cfg->model.input[2], (long long)cfg->train.batch_size, n,
