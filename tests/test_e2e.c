@@ -622,6 +622,46 @@ static void test_profile_cache(void)
     }
 }
 
+/* The end of a run says where the simulator, from the run's profile, puts
+ * another schedule or checkpoint mode at 1.15x the run's throughput or
+ * more on the same split (suggest_setup): recomputing every micro-batch
+ * (always) costs a forward more per backward, about 1.33x on a stack of
+ * products, so `never` is named; a run already on 1F1B without
+ * recomputation at 8 micro-batches has at most ZB-H1's 1/9 left to win,
+ * so nothing is said. */
+static void test_suggest_setup(void)
+{
+    char out[16384], cmd[4096], cfg[512], cache[512];
+    snprintf(cfg, sizeof cfg, "%s/suggest.yaml", tmpdir);
+    snprintf(cache, sizeof cache, "%s/suggest-cache", tmpdir);
+    write_file(cfg, "model:\n  input: [1, 16, 16]\n  layers: [flatten, {linear: {out: 256}}, "
+                    "relu, {linear: {out: 256}}, relu, {linear: {out: 256}}, relu, "
+                    "{linear: {out: 10}}]\n"
+                    "pipeline: {devices: [cpu:0, cpu:1], chunks: 4}\n"
+                    "data: {dataset: synthetic, synthetic: {train: 128, test: 16, classes: 10, "
+                    "shape: [1, 16, 16]}}\ntrain: {batch_size: 64, steps: 3, log_every: 0, "
+                    "eval_each_epoch: false}\n");
+    static const char *const sets[2] = {"--set pipeline.checkpoint=always",
+                                        "--set pipeline.checkpoint=never --set "
+                                        "pipeline.schedule=1f1b --set pipeline.chunks=8"};
+    for (int q = 0; q < 2; q++) {
+        snprintf(cmd, sizeof cmd, "env -u GPIPE_BALANCE GPIPE_PROFILE_CACHE='%s' %s %s "
+                 "--no-progress %s", cache, bin, cfg, sets[q]);
+        int rc = run(cmd, out, sizeof out);
+        const char *said = strstr(out, "the simulator, from this run's profile, puts schedule ");
+        CHECK_MSG(rc == 0 && strstr(out, "from the cached profile"), "%s: exit %d: %.2000s",
+                  sets[q], rc, out);
+        if (q == 0)
+            CHECK_MSG(said && strstr(said, " with checkpoint never at ") &&
+                          strstr(said, "x this run's throughput on the same split and 4 "
+                                       "micro-batches") &&
+                          strstr(said, "suggest.yaml --simulate"),
+                      "checkpoint always: never named: %.2000s", out);
+        else
+            CHECK_MSG(!said, "1f1b without recomputation at m = 8: nothing said: %.2000s", out);
+    }
+}
+
 /* An evaluation batch (train.eval_batch_size 1000) that does not fit a
  * device's capacity where training does is halved until it fits, said in
  * a warning, and scores what a run with that batch size scores. */
@@ -1852,6 +1892,7 @@ int main(void)
     test_outputs_spare_inputs();
     test_eval_fits();
     test_profile_cache();
+    test_suggest_setup();
     test_determinism();
     test_stages_share_device();
     test_shipped_models_train();

@@ -2003,6 +2003,57 @@ static void report_peaks(train_run *r)
     }
 }
 
+/* A simulated throughput at least this many times the run's own is worth
+ * a line at the run's end (suggest_setup). */
+#define GP_SUGGEST_RATIO 1.15
+
+/* Where another schedule or checkpoint mode simulates much faster than the
+ * run's own on the same split and micro-batches, say so at the run's end:
+ * the shipped tiny configs ran 1.4x and big-mlp 1.9x slower than what
+ * gpipe-balance --simulate ranked first, and nothing told their users.
+ * From the profile the run cached, over the schedules that keep one stage
+ * per device and so this split (gpipe, 1f1b, zb-h1), every checkpoint mode,
+ * each under its default lockstep unless the config wrote one, counting
+ * only setups whose peaks fit every device's memory.  A hint, not a plan:
+ * gpipe-balance --simulate also weighs the V and interleaved placements
+ * and other micro-batch counts. */
+static void suggest_setup(const train_run *r, const gp_profile *prof, const gp_sim_result *own)
+{
+    const gp_config *cfg = r->cfg;
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    const gp_model *m = r->mp;
+    bool loops = pc->schedule == GP_SCHEDULE_GPIPE || pc->schedule == GP_SCHEDULE_1F1B ||
+                 pc->schedule == GP_SCHEDULE_ZB_H1;
+    if (!loops || m->n_devices < 2 || m->n_stages != m->n_devices ||
+        !(own->throughput > 0))
+        return;
+    gp_plan_opts po;
+    gp_model_plan_opts(cfg, m->n_stages, &po);
+    static const gp_schedule_kind kinds[] = {GP_SCHEDULE_GPIPE, GP_SCHEDULE_1F1B,
+                                             GP_SCHEDULE_ZB_H1};
+    static const gp_checkpoint_mode modes[] = {GP_CKPT_ALWAYS, GP_CKPT_EXCEPT_LAST,
+                                               GP_CKPT_NEVER};
+    gp_sim_result best = {.throughput = 0};
+    for (int k = 0; k < 3; k++)
+        for (int c = 0; c < 3; c++) {
+            gp_sim_result a;
+            bool ls = pc->lockstep_given ? pc->lockstep : gp_lockstep_default(kinds[k]);
+            if (gp_simulate_schedule(prof, kinds[k], m->n_devices, 1, m->balance, pc->chunks,
+                                     modes[c], ls, po.capacity, &a) == GP_OK &&
+                a.fits && a.throughput > best.throughput)
+                best = a;
+        }
+    gp_error_clear();
+    if (!(best.throughput >= GP_SUGGEST_RATIO * own->throughput)) return;
+    GP_INFO("the simulator, from this run's profile, puts schedule %s with checkpoint %s at "
+            "%.2fx this run's throughput on the same split and %d micro-batches (a step of "
+            "%.1f ms against %.1f); `gpipe-balance %s --simulate` compares every schedule, "
+            "checkpoint mode and micro-batch count, and its --write writes the config",
+            gp_schedule_kind_name(best.schedule), gp_checkpoint_mode_name(best.checkpoint),
+            best.throughput / own->throughput, pc->chunks, 1e3 * best.step, 1e3 * own->step,
+            cfg->path);
+}
+
 /* The run's measured bubble, and the simulator's for the same schedule,
  * split and micro-batches where a profile of this model is cached
  * (issue 78: what the plan promised beside what the run got). */
@@ -2014,19 +2065,20 @@ static void report_bubble(train_run *r)
     res->bubble = 1.0 - r->bub_busy / r->bub_window;
     const gp_config *cfg = r->cfg;
     const gp_model *m = r->mp;
-    gp_profile prof;
+    gp_profile prof = {0};
     bool found = false;
-    if (gp_model_profile_cached(cfg, &prof, &found) == GP_OK && found) {
-        gp_sim_result sim;
-        if (gp_simulate_schedule_file(&prof, cfg->pipeline.schedule, m->n_devices,
-                                      m->n_stages / m->n_devices, cfg->pipeline.schedule_file,
-                                      m->balance, cfg->pipeline.chunks, cfg->pipeline.checkpoint,
-                                      cfg->pipeline.lockstep, NULL, &sim) == GP_OK)
-            res->bubble_simulated = sim.bubble;
-        gp_profile_free(&prof);
-    }
+    gp_sim_result sim = {.throughput = 0};
+    if (gp_model_profile_cached(cfg, &prof, &found) == GP_OK && found &&
+        gp_simulate_schedule_file(&prof, cfg->pipeline.schedule, m->n_devices,
+                                  m->n_stages / m->n_devices, cfg->pipeline.schedule_file,
+                                  m->balance, cfg->pipeline.chunks, cfg->pipeline.checkpoint,
+                                  cfg->pipeline.lockstep, NULL, &sim) == GP_OK)
+        res->bubble_simulated = sim.bubble;
     gp_error_clear();
-    if (r->opts->quiet) return;
+    if (r->opts->quiet) {
+        if (found) gp_profile_free(&prof);
+        return;
+    }
     char sched[1100];
     if (cfg->pipeline.schedule == GP_SCHEDULE_FILE || cfg->pipeline.schedule == GP_SCHEDULE_FILE_V)
         snprintf(sched, sizeof sched, "file %s", cfg->pipeline.schedule_path);
@@ -2042,6 +2094,8 @@ static void report_bubble(train_run *r)
                 "profile of this model is cached to simulate it (balance: auto or "
                 "gpipe-balance takes one)", 100 * res->bubble, (long long)r->bub_steps,
                 r->bub_steps == 1 ? "" : "s", sched, cfg->pipeline.chunks);
+    if (isfinite(res->bubble_simulated)) suggest_setup(r, &prof, &sim);
+    if (found) gp_profile_free(&prof);
 }
 
 /* After the last step: its snapshot on disk, the export, a stop asked
