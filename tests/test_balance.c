@@ -1048,6 +1048,54 @@ static gp_profile unit_profile(int n, int m, int S, gp_layer_mem *mem, gp_layer_
     return p;
 }
 
+/* Stage 0's backward under the V schedules runs whole (its weights half
+ * next on the list, no input gradient to send: gp_instr_whole_backward), so
+ * the simulated step cannot depend on how that stage's time splits between
+ * backward-data and backward-weights, lockstep or not.  Until 2026-11-30
+ * the simulator timed the halves apart, and under lockstep a whole
+ * backward's clock waited for only its data half: zb-v on
+ * bench/mlp-v.yaml simulated at 8.2% bubble where it ran at 18.1%. */
+static void test_simulator_whole_backward(void)
+{
+    enum { L = 5, S = 4 };
+    bool ok = true;
+    for (int m = 1; m <= 9; m += 2)
+        for (int ls = 0; ls < 2; ls++) {
+            double step[2];
+            for (int q = 0; q < 2; q++) {
+                gp_layer_mem mem[L];
+                gp_layer_times t[L];
+                memset(mem, 0, sizeof mem);
+                memset(t, 0, sizeof t);
+                for (int k = 0; k < L; k++) {
+                    t[k].fwd = 1 + k % 3;
+                    t[k].bwd_data = k ? 2 : 0; /* the first layer's has no use */
+                    t[k].bwd_weights = 1.5;
+                }
+                /* stage 0's second layer: 2 + 3 or 5 + 0, the same whole */
+                t[1].bwd_data = q ? 5 : 2;
+                t[1].bwd_weights = q ? 0 : 3;
+                int bal[L];
+                gp_profile p = unit_profile(L, m, S, mem, t, bal);
+                bal[0] = 2; /* [2, 1, 1, 1]: stages 0 and 3 on device 0 */
+                gp_sim_result r;
+                if (gp_simulate_schedule(&p, GP_SCHEDULE_ZB_V, 2, 2, bal, m, GP_CKPT_NEVER,
+                                         ls == 1, NULL, &r) != GP_OK) {
+                    CHECK_MSG(0, "simulate zb-v m=%d: %s", m, gp_last_error());
+                    return;
+                }
+                step[q] = r.step;
+            }
+            if (step[0] != step[1]) {
+                fprintf(stderr, "  zb-v m=%d %s: step %.3f with stage 0's backward split 2 + "
+                        "3, %.3f split 5 + 0\n", m, ls ? "lockstep" : "free-running", step[0],
+                        step[1]);
+                ok = false;
+            }
+        }
+    CHECK_MSG(ok, "stage 0's whole backward: its split does not change the simulated step");
+}
+
 static void test_simulator_formula(void)
 {
     enum { S = 4 };
@@ -2692,6 +2740,7 @@ int main(int argc, char **argv)
         test_partition_v();
         test_minmax_v_stages();
         test_simulator_formula();
+        test_simulator_whole_backward();
         test_keep_recompute_time();
         test_simulator_schedules();
         test_plan_interleaved();
