@@ -550,16 +550,29 @@ static void test_cli_errors(void)
 /* balance: auto's profile kept in the cache and reused by the next run of
  * the same model, batch, device and build (the same split, no profiling);
  * another batch profiles again. */
+/* tmpdir/NAME.yaml: an MLP on side x side synthetic inputs, two hidden
+ * products of `width` on 2 CPU devices, and tmpdir/NAME-cache for its
+ * profile cache. */
+static void mlp_config(const char *name, int side, int width, int chunks, int batch, int steps,
+                       char cfg[512], char cache[512])
+{
+    snprintf(cfg, 512, "%s/%s.yaml", tmpdir, name);
+    snprintf(cache, 512, "%s/%s-cache", tmpdir, name);
+    char text[1024];
+    snprintf(text, sizeof text,
+             "model:\n  input: [1, %d, %d]\n  layers: [flatten, {linear: {out: %d}}, relu, "
+             "{linear: {out: %d}}, relu, {linear: {out: 10}}]\n"
+             "pipeline: {devices: [cpu:0, cpu:1], chunks: %d}\n"
+             "data: {dataset: synthetic, synthetic: {train: %d, test: 16, classes: 10, "
+             "shape: [1, %d, %d]}}\ntrain: {batch_size: %d, steps: %d, log_every: 0}\n",
+             side, side, width, width, chunks, 4 * batch, side, side, batch, steps);
+    write_file(cfg, text);
+}
+
 static void test_profile_cache(void)
 {
     char out[16384], cmd[4096], cfg[512], cache[512];
-    snprintf(cfg, sizeof cfg, "%s/pcache.yaml", tmpdir);
-    snprintf(cache, sizeof cache, "%s/pcache", tmpdir);
-    write_file(cfg, "model:\n  input: [1, 8, 8]\n  layers: [flatten, {linear: {out: 64}}, relu, "
-                    "{linear: {out: 64}}, relu, {linear: {out: 10}}]\n"
-                    "pipeline: {devices: [cpu:0, cpu:1], chunks: 2}\n"
-                    "data: {dataset: synthetic, synthetic: {train: 64, test: 16, classes: 10, "
-                    "shape: [1, 8, 8]}}\ntrain: {batch_size: 16, steps: 1, log_every: 0}\n");
+    mlp_config("pcache", 8, 64, 2, 16, 1, cfg, cache);
     char split[3][256] = {"", "", ""};
     for (int run_i = 0; run_i < 3; run_i++) {
         snprintf(cmd, sizeof cmd, "env -u GPIPE_BALANCE GPIPE_PROFILE_CACHE='%s' %s %s "
@@ -632,15 +645,7 @@ static void test_profile_cache(void)
 static void test_suggest_setup(void)
 {
     char out[16384], cmd[4096], cfg[512], cache[512];
-    snprintf(cfg, sizeof cfg, "%s/suggest.yaml", tmpdir);
-    snprintf(cache, sizeof cache, "%s/suggest-cache", tmpdir);
-    write_file(cfg, "model:\n  input: [1, 16, 16]\n  layers: [flatten, {linear: {out: 256}}, "
-                    "relu, {linear: {out: 256}}, relu, {linear: {out: 256}}, relu, "
-                    "{linear: {out: 10}}]\n"
-                    "pipeline: {devices: [cpu:0, cpu:1], chunks: 4}\n"
-                    "data: {dataset: synthetic, synthetic: {train: 128, test: 16, classes: 10, "
-                    "shape: [1, 16, 16]}}\ntrain: {batch_size: 64, steps: 3, log_every: 0, "
-                    "eval_each_epoch: false}\n");
+    mlp_config("suggest", 16, 256, 4, 64, 3, cfg, cache);
     static const char *const sets[2] = {"--set pipeline.checkpoint=always",
                                         "--set pipeline.checkpoint=never --set "
                                         "pipeline.schedule=1f1b --set pipeline.chunks=8"};
