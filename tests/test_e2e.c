@@ -639,7 +639,7 @@ static void test_profile_cache(void)
  * another schedule or checkpoint mode at 1.15x the run's throughput or
  * more on the same split (suggest_setup): recomputing every micro-batch
  * (always) costs a forward more per backward, about 1.33x on a stack of
- * products, so `never` is named; a run already on 1F1B without
+ * products, so a mode that recomputes less is named; a run already on 1F1B without
  * recomputation at 8 micro-batches has at most ZB-H1's 1/9 left to win,
  * so nothing is said. */
 static void test_suggest_setup(void)
@@ -656,12 +656,14 @@ static void test_suggest_setup(void)
         const char *said = strstr(out, "the simulator, from this run's profile, puts schedule ");
         CHECK_MSG(rc == 0 && strstr(out, "from the cached profile"), "%s: exit %d: %.2000s",
                   sets[q], rc, out);
-        if (q == 0)
-            CHECK_MSG(said && strstr(said, " with checkpoint never at ") &&
+        if (q == 0) /* never or except_last: which wins on a step of a
+                       millisecond is the profile's to say (CI saw zb-h1
+                       with except_last at 1.39x) */
+            CHECK_MSG(said && !strstr(said, " with checkpoint always at ") &&
                           strstr(said, "x this run's throughput on the same split and 4 "
                                        "micro-batches") &&
                           strstr(said, "suggest.yaml --simulate"),
-                      "checkpoint always: never named: %.2000s", out);
+                      "checkpoint always: a mode that recomputes less named: %.2000s", out);
         else
             CHECK_MSG(!said, "1f1b without recomputation at m = 8: nothing said: %.2000s", out);
     }
