@@ -1073,8 +1073,7 @@ int main(int argc, char **argv)
                     if (q > batch) break;
                     if (ik && q % n) continue;
                     if (runs[u].kind == GP_SCHEDULE_DUALPIPE_V && q < 2 * n) continue;
-                    bool ls = ls_given ? cfg.pipeline.lockstep
-                                       : gp_lockstep_default(runs[u].kind);
+                    bool ls = gp_config_lockstep_for(&cfg.pipeline, runs[u].kind);
                     s = gp_simulate_schedule(&prof, runs[u].kind, n, runs[u].v, runs[u].bal, q,
                                              modes[c], ls, pd.capacity, &r[cnt]);
                     if (s != GP_OK) break;

@@ -110,6 +110,14 @@ typedef struct gp_pipeline_config {
                              that cannot be opened; "" by default or in C */
 } gp_pipeline_config;
 
+/* The lockstep schedule k runs under in a sweep over schedules (the
+ * simulator's, gpipe-balance --simulate's and the run-end suggestion's):
+ * the config's lockstep where it wrote one, else k's own default. */
+static inline bool gp_config_lockstep_for(const gp_pipeline_config *pc, gp_schedule_kind k)
+{
+    return pc->lockstep_given ? pc->lockstep : gp_lockstep_default(k);
+}
+
 /* pipeline.peer_timeout's default, seconds: longer than any wait a healthy
  * run has (one rank profiling balance: auto or writing a snapshot while
  * the others wait). */

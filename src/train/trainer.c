@@ -2037,7 +2037,7 @@ static void suggest_setup(const train_run *r, const gp_profile *prof, const gp_s
     for (int k = 0; k < 3; k++)
         for (int c = 0; c < 3; c++) {
             gp_sim_result a;
-            bool ls = pc->lockstep_given ? pc->lockstep : gp_lockstep_default(kinds[k]);
+            bool ls = gp_config_lockstep_for(pc, kinds[k]);
             if (gp_simulate_schedule(prof, kinds[k], m->n_devices, 1, m->balance, pc->chunks,
                                      modes[c], ls, po.capacity, &a) == GP_OK &&
                 a.fits && a.throughput > best.throughput)
@@ -2052,6 +2052,30 @@ static void suggest_setup(const train_run *r, const gp_profile *prof, const gp_s
             gp_schedule_kind_name(best.schedule), gp_checkpoint_mode_name(best.checkpoint),
             best.throughput / own->throughput, pc->chunks, 1e3 * best.step, 1e3 * own->step,
             cfg->path);
+}
+
+/* report_bubble's lines: the measured bubble beside the simulated one, and
+ * a faster setup where the simulator finds one. */
+static void print_bubble(const train_run *r, const gp_profile *prof, const gp_sim_result *sim)
+{
+    const gp_config *cfg = r->cfg;
+    const gp_train_result *res = r->res;
+    char sched[1100];
+    if (cfg->pipeline.schedule == GP_SCHEDULE_FILE || cfg->pipeline.schedule == GP_SCHEDULE_FILE_V)
+        snprintf(sched, sizeof sched, "file %s", cfg->pipeline.schedule_path);
+    else
+        snprintf(sched, sizeof sched, "%s", gp_schedule_kind_name(cfg->pipeline.schedule));
+    if (isfinite(res->bubble_simulated))
+        GP_INFO("pipeline bubble %.1f%% over %lld step%s (schedule %s, %d micro-batches); the "
+                "simulator's for this split, from the cached profile: %.1f%%",
+                100 * res->bubble, (long long)r->bub_steps, r->bub_steps == 1 ? "" : "s", sched,
+                cfg->pipeline.chunks, 100 * res->bubble_simulated);
+    else
+        GP_INFO("pipeline bubble %.1f%% over %lld step%s (schedule %s, %d micro-batches); no "
+                "profile of this model is cached to simulate it (balance: auto or "
+                "gpipe-balance takes one)", 100 * res->bubble, (long long)r->bub_steps,
+                r->bub_steps == 1 ? "" : "s", sched, cfg->pipeline.chunks);
+    if (isfinite(res->bubble_simulated)) suggest_setup(r, prof, sim);
 }
 
 /* The run's measured bubble, and the simulator's for the same schedule,
@@ -2075,26 +2099,7 @@ static void report_bubble(train_run *r)
                                   cfg->pipeline.lockstep, NULL, &sim) == GP_OK)
         res->bubble_simulated = sim.bubble;
     gp_error_clear();
-    if (r->opts->quiet) {
-        if (found) gp_profile_free(&prof);
-        return;
-    }
-    char sched[1100];
-    if (cfg->pipeline.schedule == GP_SCHEDULE_FILE || cfg->pipeline.schedule == GP_SCHEDULE_FILE_V)
-        snprintf(sched, sizeof sched, "file %s", cfg->pipeline.schedule_path);
-    else
-        snprintf(sched, sizeof sched, "%s", gp_schedule_kind_name(cfg->pipeline.schedule));
-    if (isfinite(res->bubble_simulated))
-        GP_INFO("pipeline bubble %.1f%% over %lld step%s (schedule %s, %d micro-batches); the "
-                "simulator's for this split, from the cached profile: %.1f%%",
-                100 * res->bubble, (long long)r->bub_steps, r->bub_steps == 1 ? "" : "s", sched,
-                cfg->pipeline.chunks, 100 * res->bubble_simulated);
-    else
-        GP_INFO("pipeline bubble %.1f%% over %lld step%s (schedule %s, %d micro-batches); no "
-                "profile of this model is cached to simulate it (balance: auto or "
-                "gpipe-balance takes one)", 100 * res->bubble, (long long)r->bub_steps,
-                r->bub_steps == 1 ? "" : "s", sched, cfg->pipeline.chunks);
-    if (isfinite(res->bubble_simulated)) suggest_setup(r, &prof, &sim);
+    if (!r->opts->quiet) print_bubble(r, &prof, &sim);
     if (found) gp_profile_free(&prof);
 }
 
