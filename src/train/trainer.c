@@ -2045,11 +2045,19 @@ static void suggest_setup(const train_run *r, const gp_profile *prof, const gp_s
         }
     gp_error_clear();
     if (!(best.throughput >= GP_SUGGEST_RATIO * own->throughput)) return;
-    GP_INFO("the simulator, from this run's profile, puts schedule %s with checkpoint %s at "
+    /* the profile marks the layers the config's keep list keeps, so a
+     * checkpointing mode was simulated keeping them: say so */
+    char keep[320] = "";
+    if (pc->checkpoint_keep && best.checkpoint != GP_CKPT_NEVER) {
+        char ks[256];
+        gp_ckpt_keep_str(pc->checkpoint_keep, ks, sizeof ks);
+        snprintf(keep, sizeof keep, " (keeping [%s], as pipeline.checkpoint.keep says)", ks);
+    }
+    GP_INFO("the simulator, from this run's profile, puts schedule %s with checkpoint %s%s at "
             "%.2fx this run's throughput on the same split and %d micro-batches (a step of "
             "%.1f ms against %.1f); `gpipe-balance %s --simulate` compares every schedule, "
             "checkpoint mode and micro-batch count, and its --write writes the config",
-            gp_schedule_kind_name(best.schedule), gp_checkpoint_mode_name(best.checkpoint),
+            gp_schedule_kind_name(best.schedule), gp_checkpoint_mode_name(best.checkpoint), keep,
             best.throughput / own->throughput, pc->chunks, 1e3 * best.step, 1e3 * own->step,
             cfg->path);
 }
