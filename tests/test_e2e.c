@@ -646,9 +646,12 @@ static void test_suggest_setup(void)
 {
     char out[16384], cmd[4096], cfg[512], cache[512];
     mlp_config("suggest", 16, 256, 4, 64, 3, cfg, cache);
+    /* 1F1B over 16 micro-batches without recomputation: its simulated
+     * bubble on this near-even split is about 1/17, so no placement (whose
+     * devices' busy time is the same) can simulate 1.15x faster */
     static const char *const sets[2] = {"--set pipeline.checkpoint=always",
                                         "--set pipeline.checkpoint=never --set "
-                                        "pipeline.schedule=1f1b --set pipeline.chunks=8"};
+                                        "pipeline.schedule=1f1b --set pipeline.chunks=16"};
     for (int q = 0; q < 2; q++) {
         snprintf(cmd, sizeof cmd, "env -u GPIPE_BALANCE GPIPE_PROFILE_CACHE='%s' %s %s "
                  "--no-progress %s", cache, bin, cfg, sets[q]);
@@ -656,16 +659,26 @@ static void test_suggest_setup(void)
         const char *said = strstr(out, "the simulator, from this run's profile, puts schedule ");
         CHECK_MSG(rc == 0 && strstr(out, "from the cached profile"), "%s: exit %d: %.2000s",
                   sets[q], rc, out);
-        if (q == 0) /* never or except_last: which wins on a step of a
-                       millisecond is the profile's to say (CI saw zb-h1
-                       with except_last at 1.39x) */
+        if (q == 0) { /* never or except_last, on this split or two stages
+                         a device: which wins on a step of a millisecond is
+                         the profile's to say (CI saw zb-h1 with except_last
+                         at 1.39x) */
             CHECK_MSG(said && !strstr(said, " with checkpoint always at ") &&
-                          strstr(said, "x this run's throughput on the same split and 4 "
-                                       "micro-batches") &&
+                          strstr(said, " and 4 micro-batches (a step of ") &&
                           strstr(said, "suggest.yaml --simulate"),
                       "checkpoint always: a mode that recomputes less named: %.2000s", out);
-        else
-            CHECK_MSG(!said, "1f1b without recomputation at m = 8: nothing said: %.2000s", out);
+            /* a placement of two stages a device names its split */
+            bool two = said && (strstr(said, "schedule zb-v ") ||
+                                strstr(said, "schedule dualpipe-v ") ||
+                                strstr(said, "schedule interleaved "));
+            CHECK_MSG(!said || (two ? strstr(said, "x this run's throughput on 4 stages, 2 a "
+                                                   "device, split [") != NULL
+                                    : strstr(said, "x this run's throughput on the same split") !=
+                                          NULL),
+                      "the suggestion names its split: %.2000s", out);
+        } else {
+            CHECK_MSG(!said, "1f1b without recomputation at m = 16: nothing said: %.2000s", out);
+        }
     }
 }
 

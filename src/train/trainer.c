@@ -2008,15 +2008,69 @@ static void report_peaks(train_run *r)
 #define GP_SUGGEST_RATIO 1.15
 
 /* Where another schedule or checkpoint mode simulates much faster than the
- * run's own on the same split and micro-batches, say so at the run's end:
- * the shipped tiny configs ran 1.4x and big-mlp 1.9x slower than what
- * gpipe-balance --simulate ranked first, and nothing told their users.
- * From the profile the run cached, over the schedules that keep one stage
- * per device and so this split (gpipe, 1f1b, zb-h1), every checkpoint mode,
+ * run's own at its micro-batches, say so at the run's end: the shipped
+ * tiny configs ran 1.4x and big-mlp 1.9x slower than what gpipe-balance
+ * --simulate ranked first, and nothing told their users.  From the profile
+ * the run cached (of this micro-batch size: the count stays the run's),
+ * every checkpoint mode of the schedules that keep one stage per device on
+ * this split (gpipe, 1f1b, zb-h1) and of those that place two on each
+ * (interleaved, zb-v, dualpipe-v) on the split balance: auto gives them,
  * each under its default lockstep unless the config wrote one, counting
  * only setups whose peaks fit every device's memory.  A hint, not a plan:
- * gpipe-balance --simulate also weighs the V and interleaved placements
- * and other micro-batch counts. */
+ * gpipe-balance --simulate also weighs other micro-batch counts. */
+typedef struct suggestion {
+    gp_sim_result sim;
+    int balance[GP_MAX_DEVICES]; /* n v entries; v = sim.v */
+} suggestion;
+
+/* Each checkpoint mode of schedule k on split bal (v stages a device) into
+ * *best where it fits and is faster. */
+static void suggest_try(const gp_profile *prof, const gp_pipeline_config *pc, gp_schedule_kind k,
+                        int n, int v, const int *bal, const double *capacity, suggestion *best)
+{
+    static const gp_checkpoint_mode modes[] = {GP_CKPT_ALWAYS, GP_CKPT_EXCEPT_LAST,
+                                               GP_CKPT_NEVER};
+    for (int c = 0; c < 3; c++) {
+        gp_sim_result a;
+        if (gp_simulate_schedule(prof, k, n, v, bal, pc->chunks, modes[c],
+                                 gp_config_lockstep_for(pc, k), capacity, &a) == GP_OK &&
+            a.fits && a.throughput > best->sim.throughput) {
+            best->sim = a;
+            best->sim.v = v;
+            memcpy(best->balance, bal, (size_t)(n * v) * sizeof *bal);
+        }
+    }
+    gp_error_clear();
+}
+
+/* The two-stages-a-device placements into *best: interleaved (v = 2, where
+ * the micro-batches are a multiple of n), zb-v, and dualpipe-v on zb-v's
+ * split (where there are at least 2n micro-batches). */
+static void suggest_two_a_device(const gp_config *cfg, const gp_profile *prof, int n,
+                                 const double *capacity, suggestion *best)
+{
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    if (2 * n > GP_MAX_DEVICES || 2 * n > prof->L) return;
+    static const gp_schedule_kind kinds[] = {GP_SCHEDULE_INTERLEAVED, GP_SCHEDULE_ZB_V};
+    for (int q = 0; q < 2; q++) {
+        if (kinds[q] == GP_SCHEDULE_INTERLEAVED && pc->chunks % n) continue;
+        gp_config c = *cfg; /* (shallow: the schedule alone differs) */
+        c.pipeline.schedule = kinds[q];
+        c.pipeline.virtual_stages = 2;
+        c.pipeline.lockstep = gp_config_lockstep_for(pc, kinds[q]);
+        gp_plan_opts po;
+        gp_model_plan_opts(&c, 2 * n, &po);
+        int bal[GP_MAX_DEVICES];
+        if (gp_balance_plan(prof, &po, bal) != GP_OK) {
+            gp_error_clear();
+            continue;
+        }
+        suggest_try(prof, pc, kinds[q], n, 2, bal, capacity, best);
+        if (kinds[q] == GP_SCHEDULE_ZB_V && pc->chunks >= 2 * n)
+            suggest_try(prof, pc, GP_SCHEDULE_DUALPIPE_V, n, 2, bal, capacity, best);
+    }
+}
+
 static void suggest_setup(const train_run *r, const gp_profile *prof, const gp_sim_result *own)
 {
     const gp_config *cfg = r->cfg;
@@ -2024,41 +2078,40 @@ static void suggest_setup(const train_run *r, const gp_profile *prof, const gp_s
     const gp_model *m = r->mp;
     bool loops = pc->schedule == GP_SCHEDULE_GPIPE || pc->schedule == GP_SCHEDULE_1F1B ||
                  pc->schedule == GP_SCHEDULE_ZB_H1;
-    if (!loops || m->n_devices < 2 || m->n_stages != m->n_devices ||
-        !(own->throughput > 0))
-        return;
+    int n = m->n_devices;
+    if (!loops || n < 2 || m->n_stages != n || !(own->throughput > 0)) return;
     gp_plan_opts po;
     gp_model_plan_opts(cfg, m->n_stages, &po);
     static const gp_schedule_kind kinds[] = {GP_SCHEDULE_GPIPE, GP_SCHEDULE_1F1B,
                                              GP_SCHEDULE_ZB_H1};
-    static const gp_checkpoint_mode modes[] = {GP_CKPT_ALWAYS, GP_CKPT_EXCEPT_LAST,
-                                               GP_CKPT_NEVER};
-    gp_sim_result best = {.throughput = 0};
+    suggestion best = {.sim.throughput = 0};
     for (int k = 0; k < 3; k++)
-        for (int c = 0; c < 3; c++) {
-            gp_sim_result a;
-            bool ls = gp_config_lockstep_for(pc, kinds[k]);
-            if (gp_simulate_schedule(prof, kinds[k], m->n_devices, 1, m->balance, pc->chunks,
-                                     modes[c], ls, po.capacity, &a) == GP_OK &&
-                a.fits && a.throughput > best.throughput)
-                best = a;
-        }
-    gp_error_clear();
-    if (!(best.throughput >= GP_SUGGEST_RATIO * own->throughput)) return;
+        suggest_try(prof, pc, kinds[k], n, 1, m->balance, po.capacity, &best);
+    suggest_two_a_device(cfg, prof, n, po.capacity, &best);
+    const gp_sim_result *b = &best.sim;
+    if (!(b->throughput >= GP_SUGGEST_RATIO * own->throughput)) return;
     /* the profile marks the layers the config's keep list keeps, so a
      * checkpointing mode was simulated keeping them: say so */
     char keep[320] = "";
-    if (pc->checkpoint_keep && best.checkpoint != GP_CKPT_NEVER) {
+    if (pc->checkpoint_keep && b->checkpoint != GP_CKPT_NEVER) {
         char ks[256];
         gp_ckpt_keep_str(pc->checkpoint_keep, ks, sizeof ks);
         snprintf(keep, sizeof keep, " (keeping [%s], as pipeline.checkpoint.keep says)", ks);
     }
+    char split[512] = "the same split";
+    if (b->v > 1) {
+        int off = snprintf(split, sizeof split, "%d stages, 2 a device, split [", 2 * n);
+        for (int j = 0; j < 2 * n; j++)
+            off += snprintf(split + off, sizeof split - (size_t)off, "%s%d", j ? ", " : "",
+                            best.balance[j]);
+        snprintf(split + off, sizeof split - (size_t)off, "] (balance: auto's for it)");
+    }
     GP_INFO("the simulator, from this run's profile, puts schedule %s with checkpoint %s%s at "
-            "%.2fx this run's throughput on the same split and %d micro-batches (a step of "
-            "%.1f ms against %.1f); `gpipe-balance %s --simulate` compares every schedule, "
-            "checkpoint mode and micro-batch count, and its --write writes the config",
-            gp_schedule_kind_name(best.schedule), gp_checkpoint_mode_name(best.checkpoint), keep,
-            best.throughput / own->throughput, pc->chunks, 1e3 * best.step, 1e3 * own->step,
+            "%.2fx this run's throughput on %s and %d micro-batches (a step of %.1f ms against "
+            "%.1f); `gpipe-balance %s --simulate` compares every schedule, checkpoint mode and "
+            "micro-batch count, and its --write writes the config",
+            gp_schedule_kind_name(b->schedule), gp_checkpoint_mode_name(b->checkpoint), keep,
+            b->throughput / own->throughput, split, pc->chunks, 1e3 * b->step, 1e3 * own->step,
             cfg->path);
 }
 
