@@ -646,12 +646,16 @@ static void test_suggest_setup(void)
 {
     char out[16384], cmd[4096], cfg[512], cache[512];
     mlp_config("suggest", 16, 256, 4, 64, 3, cfg, cache);
-    /* 1F1B over 16 micro-batches without recomputation: its simulated
-     * bubble on this near-even split is about 1/17, so no placement (whose
-     * devices' busy time is the same) can simulate 1.15x faster */
-    static const char *const sets[2] = {"--set pipeline.checkpoint=always",
-                                        "--set pipeline.checkpoint=never --set "
-                                        "pipeline.schedule=1f1b --set pipeline.chunks=16"};
+    /* the second: 1F1B over 8 micro-batches without recomputation, of a
+     * model of 3 layers (no 4 stages to place 2 a device), where what the
+     * other loops can win on the same split is some of the fill and drain.
+     * (With the 6 layers, the profile of a millisecond step put an
+     * interleaved split at 1.16x over 16 micro-batches: that is the
+     * profile's to say, not a check.) */
+    static const char *const sets[2] = {
+        "--set pipeline.checkpoint=always",
+        "--set 'model.layers=[flatten, {linear: {out: 256}}, {linear: {out: 10}}]' --set "
+        "pipeline.checkpoint=never --set pipeline.schedule=1f1b --set pipeline.chunks=8"};
     for (int q = 0; q < 2; q++) {
         snprintf(cmd, sizeof cmd, "env -u GPIPE_BALANCE GPIPE_PROFILE_CACHE='%s' %s %s "
                  "--no-progress %s", cache, bin, cfg, sets[q]);
@@ -677,7 +681,7 @@ static void test_suggest_setup(void)
                                           NULL),
                       "the suggestion names its split: %.2000s", out);
         } else {
-            CHECK_MSG(!said, "1f1b without recomputation at m = 16: nothing said: %.2000s", out);
+            CHECK_MSG(!said, "1f1b without recomputation at m = 8: nothing said: %.2000s", out);
         }
     }
 }
