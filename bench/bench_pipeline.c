@@ -37,13 +37,13 @@ typedef struct {
     int instrs;       /* instructions per step (all devices) */
 } result;
 
-/* n devices; sched GP_SCHEDULE_INTERLEAVED: 2 stages each (balance: auto
- * evens the devices), else the config's schedule */
+/* n devices; sched GP_SCHEDULE_INTERLEAVED or GP_SCHEDULE_ZB_V: 2 stages
+ * each (balance: auto evens the devices), else the config's schedule */
 static gp_status run_sched(const gp_config *base, int n, int m, gp_checkpoint_mode ck,
                            bool lockstep, int steps, result *r, gp_schedule_kind sched)
 {
     gp_config cfg = *base;
-    if (sched == GP_SCHEDULE_INTERLEAVED) {
+    if (sched == GP_SCHEDULE_INTERLEAVED || sched == GP_SCHEDULE_ZB_V) {
         cfg.pipeline.schedule = sched;
         cfg.pipeline.virtual_stages = 2;
     }
@@ -124,47 +124,51 @@ static gp_layer_spec trivial_layers[8];
 
 /* Part 5: what a second device buys at m = 8 without recomputation: on
  * GPipe's fill-drain schedule in lockstep (the bubble allows 2m / (m + 1)),
- * and on the interleaved one (2 stages per device, free-running, the
- * balance planned to even the devices), whose bubble is half of that.  The
- * rounds alternate the three runs, so the machine's drift (10% within a
- * minute on this VM) hits all. */
+ * on the interleaved one (2 stages per device, free-running, the balance
+ * planned to even the devices), whose bubble is half of that, and on
+ * ZB-V (2 stages per device in a V, free-running, its weights halves in
+ * the bubbles: it allows about 2).  The rounds alternate the four runs, so
+ * the machine's drift (10% within a minute on this VM) hits all. */
 static int scaling(const gp_config *cfg, int steps, int rounds)
 {
-    double one[16], two[16], inter[16], ratio[16], ratio_i[16];
+    enum { K = 4 };
+    static const char *const names[K] = {"1 x 1 thread", "2 x 1 thread (fill-drain)",
+                                         "interleaved", "zb-v"};
+    double t[K][16], ratio[K][16];
     printf("\nscaling: m = 8, checkpoint never, %d rounds of %d steps; 1 device, 2 devices "
-           "(fill-drain, lockstep), 2 devices (interleaved v = 2, free-running)\n", rounds, steps);
+           "(fill-drain, lockstep), 2 devices (interleaved v = 2, free-running), 2 devices "
+           "(zb-v, free-running)\n", rounds, steps);
     for (int q = 0; q < rounds; q++) {
-        result a, b, c;
-        if (run(cfg, 1, 8, GP_CKPT_NEVER, true, steps, &a) != GP_OK ||
-            run(cfg, 2, 8, GP_CKPT_NEVER, true, steps, &b) != GP_OK ||
-            run_sched(cfg, 2, 8, GP_CKPT_NEVER, false, steps, &c, GP_SCHEDULE_INTERLEAVED) !=
-                GP_OK) {
+        result r[K];
+        if (run(cfg, 1, 8, GP_CKPT_NEVER, true, steps, &r[0]) != GP_OK ||
+            run(cfg, 2, 8, GP_CKPT_NEVER, true, steps, &r[1]) != GP_OK ||
+            run_sched(cfg, 2, 8, GP_CKPT_NEVER, false, steps, &r[2], GP_SCHEDULE_INTERLEAVED) !=
+                GP_OK ||
+            run_sched(cfg, 2, 8, GP_CKPT_NEVER, false, steps, &r[3], GP_SCHEDULE_ZB_V) != GP_OK) {
             fprintf(stderr, "bench_pipeline: %s\n", gp_last_error());
             return 1;
         }
-        one[q] = a.step;
-        two[q] = b.step;
-        inter[q] = c.step;
-        ratio[q] = a.step / b.step;
-        ratio_i[q] = a.step / c.step;
-        printf("  round %d: 1 x 1 thread %.1f ms, 2 x 1 thread %.1f ms (overlap %.2f): %.3f; "
-               "interleaved %.1f ms (overlap %.2f): %.3f\n", q + 1, a.step * 1e3, b.step * 1e3,
-               b.overlap, ratio[q], c.step * 1e3, c.overlap, ratio_i[q]);
+        printf("  round %d: %s %.1f ms", q + 1, names[0], r[0].step * 1e3);
+        for (int k = 0; k < K; k++) {
+            t[k][q] = r[k].step;
+            ratio[k][q] = r[0].step / r[k].step;
+            if (k) printf("; %s %.1f ms (overlap %.2f): %.3f", names[k], r[k].step * 1e3,
+                          r[k].overlap, ratio[k][q]);
+        }
+        printf("\n");
     }
-    double lo = ratio[0], hi = ratio[0], li = ratio_i[0], hi_i = ratio_i[0];
-    for (int q = 1; q < rounds; q++) {
-        if (ratio[q] < lo) lo = ratio[q];
-        if (ratio[q] > hi) hi = ratio[q];
-        if (ratio_i[q] < li) li = ratio_i[q];
-        if (ratio_i[q] > hi_i) hi_i = ratio_i[q];
+    static const double allows[K] = {1, 2.0 * 8 / 9, 2.0 * 16 / 17, 2};
+    printf("  median: 1 device %.1f ms\n", gp_bench_median(t[0], rounds) * 1e3);
+    for (int k = 1; k < K; k++) {
+        double lo = ratio[k][0], hi = ratio[k][0];
+        for (int q = 1; q < rounds; q++) {
+            if (ratio[k][q] < lo) lo = ratio[k][q];
+            if (ratio[k][q] > hi) hi = ratio[k][q];
+        }
+        printf("  %s: 2 devices %.1f ms, speed-up %.3f (rounds %.3f..%.3f; the bubble allows "
+               "%s%.2f)\n", names[k], gp_bench_median(t[k], rounds) * 1e3,
+               gp_bench_median(ratio[k], rounds), lo, hi, k == 3 ? "about " : "", allows[k]);
     }
-    printf("  median: 1 device %.1f ms, 2 devices %.1f ms, speed-up %.3f (rounds %.3f..%.3f; "
-           "the bubble allows %.2f)\n", gp_bench_median(one, rounds) * 1e3,
-           gp_bench_median(two, rounds) * 1e3, gp_bench_median(ratio, rounds), lo, hi,
-           2.0 * 8 / 9);
-    printf("  interleaved: 2 devices %.1f ms, speed-up %.3f (rounds %.3f..%.3f; the bubble "
-           "allows %.2f)\n", gp_bench_median(inter, rounds) * 1e3,
-           gp_bench_median(ratio_i, rounds), li, hi_i, 2.0 * 16 / 17);
     return 0;
 }
 
