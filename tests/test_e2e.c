@@ -547,9 +547,6 @@ static void test_cli_errors(void)
                   !strstr(out, "pipeline.balance=auto"), "an empty config: %s", out);
 }
 
-/* balance: auto's profile kept in the cache and reused by the next run of
- * the same model, batch, device and build (the same split, no profiling);
- * another batch profiles again. */
 /* tmpdir/NAME.yaml: an MLP on side x side synthetic inputs, two hidden
  * products of `width` on 2 CPU devices, and tmpdir/NAME-cache for its
  * profile cache. */
@@ -569,6 +566,9 @@ static void mlp_config(const char *name, int side, int width, int chunks, int ba
     write_file(cfg, text);
 }
 
+/* balance: auto's profile kept in the cache and reused by the next run of
+ * the same model, batch, device and build (the same split, no profiling);
+ * another batch profiles again. */
 static void test_profile_cache(void)
 {
     char out[16384], cmd[4096], cfg[512], cache[512];
@@ -637,11 +637,12 @@ static void test_profile_cache(void)
 
 /* The end of a run says where the simulator, from the run's profile, puts
  * another schedule or checkpoint mode at 1.15x the run's throughput or
- * more on the same split (suggest_setup): recomputing every micro-batch
- * (always) costs a forward more per backward, about 1.33x on a stack of
- * products, so a mode that recomputes less is named; a run already on 1F1B without
- * recomputation at 8 micro-batches has at most ZB-H1's 1/9 left to win,
- * so nothing is said. */
+ * more (suggest_setup), on the same split or two stages a device:
+ * recomputing every micro-batch (always) costs a forward more per
+ * backward, about 1.33x on a stack of products, so a mode that recomputes
+ * less is named; a run already on 1F1B without recomputation at 8
+ * micro-batches, with no 4 stages to place, has at most ZB-H1's share of
+ * its 1/9 left to win, so nothing is said. */
 static void test_suggest_setup(void)
 {
     char out[16384], cmd[4096], cfg[512], cache[512];

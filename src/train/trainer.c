@@ -2020,7 +2020,7 @@ static void report_peaks(train_run *r)
  * gpipe-balance --simulate also weighs other micro-batch counts. */
 typedef struct suggestion {
     gp_sim_result sim;
-    int balance[GP_MAX_DEVICES]; /* n v entries; v = sim.v */
+    int balance[GP_MAX_DEVICES]; /* n v entries (v: sim.v, which the simulator sets) */
 } suggestion;
 
 /* Each checkpoint mode of schedule k on split bal (v stages a device) into
@@ -2036,7 +2036,6 @@ static void suggest_try(const gp_profile *prof, const gp_pipeline_config *pc, gp
                                  gp_config_lockstep_for(pc, k), capacity, &a) == GP_OK &&
             a.fits && a.throughput > best->sim.throughput) {
             best->sim = a;
-            best->sim.v = v;
             memcpy(best->balance, bal, (size_t)(n * v) * sizeof *bal);
         }
     }
