@@ -1029,12 +1029,8 @@ int main(int argc, char **argv)
         const int vs[2] = {2, v};
         for (int q = 0; q < (v > 2 ? 2 : 1) && s == GP_OK; q++) {
             if (n < 2 || vs[q] * n > GP_MAX_DEVICES || vs[q] * n > prof.L) continue;
-            gp_plan_opts pv;
-            gp_config cv = cfg;
-            cv.pipeline.schedule = GP_SCHEDULE_INTERLEAVED;
-            cv.pipeline.virtual_stages = vs[q];
-            gp_model_plan_opts(&cv, vs[q] * n, &pv);
-            if (gp_balance_plan(&prof, &pv, balv[q]) == GP_OK) {
+            if (gp_model_plan_placement(&cfg, &prof, GP_SCHEDULE_INTERLEAVED, vs[q], balv[q]) ==
+                GP_OK) {
                 runs[n_runs].kind = GP_SCHEDULE_INTERLEAVED;
                 runs[n_runs].v = vs[q];
                 runs[n_runs++].bal = balv[q];
@@ -1044,12 +1040,7 @@ int main(int argc, char **argv)
         /* zb-v: 2n stages in a V, split by gp_partition_solve_v over the
          * devices (each stage half its device's memory) */
         if (s == GP_OK && n >= 2 && 2 * n <= GP_MAX_DEVICES && 2 * n <= prof.L) {
-            gp_plan_opts pz;
-            gp_config cz = cfg;
-            cz.pipeline.schedule = GP_SCHEDULE_ZB_V;
-            cz.pipeline.virtual_stages = 2;
-            gp_model_plan_opts(&cz, 2 * n, &pz);
-            if (gp_balance_plan(&prof, &pz, balz) == GP_OK) {
+            if (gp_model_plan_placement(&cfg, &prof, GP_SCHEDULE_ZB_V, 2, balz) == GP_OK) {
                 runs[n_runs].kind = GP_SCHEDULE_ZB_V;
                 runs[n_runs].v = 2;
                 runs[n_runs++].bal = balz;

@@ -459,6 +459,18 @@ void gp_model_plan_opts(const gp_config *cfg, int n, gp_plan_opts *o)
     }
 }
 
+gp_status gp_model_plan_placement(const gp_config *cfg, const gp_profile *prof,
+                                  gp_schedule_kind kind, int v, int *balance)
+{
+    gp_config c = *cfg; /* (shallow: the schedule alone differs) */
+    c.pipeline.schedule = kind;
+    c.pipeline.virtual_stages = v;
+    c.pipeline.lockstep = gp_config_lockstep_for(&cfg->pipeline, kind);
+    gp_plan_opts po;
+    gp_model_plan_opts(&c, v * cfg->pipeline.n_devices, &po);
+    return gp_balance_plan(prof, &po, balance);
+}
+
 int gp_model_virtual(const gp_config *cfg)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;

@@ -2053,14 +2053,8 @@ static void suggest_two_a_device(const gp_config *cfg, const gp_profile *prof, i
     static const gp_schedule_kind kinds[] = {GP_SCHEDULE_INTERLEAVED, GP_SCHEDULE_ZB_V};
     for (int q = 0; q < 2; q++) {
         if (kinds[q] == GP_SCHEDULE_INTERLEAVED && pc->chunks % n) continue;
-        gp_config c = *cfg; /* (shallow: the schedule alone differs) */
-        c.pipeline.schedule = kinds[q];
-        c.pipeline.virtual_stages = 2;
-        c.pipeline.lockstep = gp_config_lockstep_for(pc, kinds[q]);
-        gp_plan_opts po;
-        gp_model_plan_opts(&c, 2 * n, &po);
         int bal[GP_MAX_DEVICES];
-        if (gp_balance_plan(prof, &po, bal) != GP_OK) {
+        if (gp_model_plan_placement(cfg, prof, kinds[q], 2, bal) != GP_OK) {
             gp_error_clear();
             continue;
         }
