@@ -647,14 +647,15 @@ static void test_suggest_setup(void)
 {
     char out[16384], cmd[4096], cfg[512], cache[512];
     mlp_config("suggest", 16, 256, 4, 64, 3, cfg, cache);
-    /* the second: 1F1B over 8 micro-batches without recomputation, of a
+    /* the first: checkpoint always, keeping flatten's outputs; the second:
+     * 1F1B over 8 micro-batches without recomputation, of a
      * model of 3 layers (no 4 stages to place 2 a device), where what the
      * other loops can win on the same split is some of the fill and drain.
      * (With the 6 layers, the profile of a millisecond step put an
      * interleaved split at 1.16x over 16 micro-batches: that is the
      * profile's to say, not a check.) */
     static const char *const sets[2] = {
-        "--set pipeline.checkpoint=always",
+        "--set 'pipeline.checkpoint={mode: always, keep: [flatten]}'",
         "--set 'model.layers=[flatten, {linear: {out: 256}}, {linear: {out: 10}}]' --set "
         "pipeline.checkpoint=never --set pipeline.schedule=1f1b --set pipeline.chunks=8"};
     for (int q = 0; q < 2; q++) {
@@ -668,7 +669,7 @@ static void test_suggest_setup(void)
                          a device: which wins on a step of a millisecond is
                          the profile's to say (CI saw zb-h1 with except_last
                          at 1.39x) */
-            CHECK_MSG(said && !strstr(said, " with checkpoint always at ") &&
+            CHECK_MSG(said && !strstr(said, " with checkpoint always ") &&
                           strstr(said, " and 4 micro-batches (a step of ") &&
                           strstr(said, "suggest.yaml --simulate"),
                       "checkpoint always: a mode that recomputes less named: %.2000s", out);
@@ -681,6 +682,14 @@ static void test_suggest_setup(void)
                                     : strstr(said, "x this run's throughput on the same split") !=
                                           NULL),
                       "the suggestion names its split: %.2000s", out);
+            /* the keep list is named with a mode that checkpoints (the
+             * profile was simulated keeping it) and not with never */
+            bool never = said && strstr(said, " with checkpoint never ");
+            const char *kept = said ? strstr(said, " (keeping [flatten], as "
+                                                   "pipeline.checkpoint.keep says) at ")
+                                    : NULL;
+            CHECK_MSG(!said || (never ? !strstr(said, "(keeping") : kept != NULL),
+                      "the keep list named where the mode checkpoints: %.2000s", out);
         } else {
             CHECK_MSG(!said, "1f1b without recomputation at m = 8: nothing said: %.2000s", out);
         }
