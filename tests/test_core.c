@@ -294,6 +294,24 @@ static void test_output_paths(void)
     CHECK(gp_path_in_dir(q, dir) && gp_path_in_dir(p, dir));
     CHECK(!gp_path_in_dir(q, "/") && !gp_path_in_dir("/nope/x/y", dir));
     CHECK(gp_path_in_dir("bare-name", "."));
+    /* an existing file anywhere below a folder (a dataset's): not a new
+     * name, not the folder itself, not a sibling folder whose name starts
+     * with the folder's */
+    snprintf(q, sizeof q, "%s/../%s/./afile", dir, strrchr(dir, '/') + 1);
+    CHECK(gp_path_below(p, dir) && gp_path_below(q, dir) && gp_path_below(p, "/"));
+    CHECK(gp_path_below(p, p)); /* a data.path that names the file */
+    snprintf(q, sizeof q, "%s/not-yet", dir);
+    CHECK(!gp_path_below(q, dir) && !gp_path_below(dir, dir) && !gp_path_below(p, "/proc"));
+    char sib[300], sibf[320];
+    snprintf(sib, sizeof sib, "%s-sib", dir);
+    snprintf(sibf, sizeof sibf, "%s/f", sib);
+    CHECK(mkdir(sib, 0700) == 0);
+    FILE *sf = fopen(sibf, "w");
+    CHECK(sf != NULL);
+    if (sf) fclose(sf);
+    CHECK(gp_path_below(sibf, sib) && !gp_path_below(sibf, dir));
+    unlink(sibf);
+    rmdir(sib);
     int fd = gp_open_regular(p);
     CHECK(fd >= 0);
     if (fd >= 0) close(fd);

@@ -846,6 +846,68 @@ static void write_idx_cfg(const char *cfg, const char *dir, int outs)
     write_file(cfg, yaml);
 }
 
+/* Nor the files a config reads besides itself: its schedule file and its
+ * dataset's files, through gpipe-train and gpipe-balance (a --write over
+ * the CSV a config ran replaced it, then failed to load; --metrics over a
+ * dataset file replaced it, exit 0). */
+static void test_outputs_spare_schedule_and_data(void)
+{
+    char out[16384], cmd[4096], cfg[512], csv[512], dir[600], label[700];
+    snprintf(csv, sizeof csv, "%s/spare-sched.csv", tmpdir);
+    write_file(csv, "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0I0,0W0,0RECV_B1,0I1,0W1\n"
+                    "1RECV_F0,1F0,1I0,1SEND_B0,1RECV_F1,1F1,1I1,1SEND_B1,1W0,1W1\n");
+    snprintf(dir, sizeof dir, "%s/spare-idx", tmpdir);
+    mkdir(dir, 0700);
+    write_idx(dir, "train-images-idx3-ubyte", 16, 6, -1, 0);
+    write_idx(dir, "train-labels-idx1-ubyte", 16, 0, 0, 2);
+    write_idx(dir, "t10k-images-idx3-ubyte", 8, 6, -1, 0);
+    write_idx(dir, "t10k-labels-idx1-ubyte", 8, 0, 0, 2);
+    snprintf(label, sizeof label, "%s/t10k-labels-idx1-ubyte", dir);
+    snprintf(cfg, sizeof cfg, "%s/spare-sched.yaml", tmpdir);
+    char yaml[2048];
+    snprintf(yaml, sizeof yaml, "model:\n  input: [1, 6, 6]\n  layers: [flatten, {linear: "
+             "{out: 8}}, relu, {linear: {out: 10}}]\ndata: {dataset: mnist, path: %s}\n"
+             "pipeline:\n  devices: [cpu:0, cpu:1]\n  chunks: 2\n  balance: [2, 2]\n"
+             "  schedule: {file: %s}\ntrain: {batch_size: 4, steps: 1}\n", dir, csv);
+    write_file(cfg, yaml);
+    snprintf(cmd, sizeof cmd, "%s %s -q", bin, cfg); /* the config runs as it stands */
+    CHECK_MSG(run(cmd, out, sizeof out) == 0, "output: %s", out);
+    size_t n0 = 0, n1 = 0, l0 = 0, l1 = 0;
+    char *before = gpt_read_file(csv, &n0), *lbefore = gpt_read_file(label, &l0);
+    static const char *const opts[] = {"--export-weights", "--metrics", "--trace"};
+    for (int o = 0; o < 3; o++) {
+        snprintf(cmd, sizeof cmd, "%s %s -q %s %s", bin, cfg, opts[o], csv);
+        CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "is pipeline.schedule.file"),
+                  "%s onto the schedule file: %s", opts[o], out);
+        snprintf(cmd, sizeof cmd, "%s %s -q %s %s", bin, cfg, opts[o], label);
+        CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "is a file of the dataset"),
+                  "%s onto a dataset file: %s", opts[o], out);
+    }
+    static const char *const bopts[] = {"--write", "--profile-out", "--write-schedule"};
+    for (int o = 0; o < 3; o++) {
+        snprintf(cmd, sizeof cmd, "%s %s -q --reps 1 %s %s %s", balance_bin, cfg,
+                 o == 2 ? "--simulate" : "", bopts[o], csv);
+        CHECK_MSG(run(cmd, out, sizeof out) == 2 && !strstr(out, "profiling") &&
+                      strstr(out, "is the schedule file the config reads"),
+                  "gpipe-balance %s onto the schedule file: %s", bopts[o], out);
+        snprintf(cmd, sizeof cmd, "%s %s -q --reps 1 %s %s %s", balance_bin, cfg,
+                 o == 2 ? "--simulate" : "", bopts[o], label);
+        CHECK_MSG(run(cmd, out, sizeof out) == 2 &&
+                      strstr(out, "is a file of the config's dataset"),
+                  "gpipe-balance %s onto a dataset file: %s", bopts[o], out);
+    }
+    /* a new file in the data folder is no dataset file */
+    snprintf(cmd, sizeof cmd, "%s %s -q --metrics %s/run.jsonl", bin, cfg, dir);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0, "a new file beside the data: %s", out);
+    char *after = gpt_read_file(csv, &n1), *lafter = gpt_read_file(label, &l1);
+    CHECK(before && after && n0 == n1 && !memcmp(before, after, n0));
+    CHECK(lbefore && lafter && l0 == l1 && l0 > 0 && !memcmp(lbefore, lafter, l0));
+    free(before);
+    free(after);
+    free(lbefore);
+    free(lafter);
+}
+
 /* Config mistakes that used to pass silently, through the binary. */
 static void test_config_checks(void)
 {
@@ -1924,6 +1986,7 @@ int main(void)
     test_diverged();
     test_balance_profile_in();
     test_outputs_spare_inputs();
+    test_outputs_spare_schedule_and_data();
     test_eval_fits();
     test_profile_cache();
     test_suggest_setup();

@@ -281,6 +281,30 @@ static gp_status check_outputs(const char *write_path, const char *prof_out, con
     return GP_OK;
 }
 
+/* The same outputs against what the loaded config reads besides itself:
+ * a schedule file (pipeline.schedule: {file: ..}) and the dataset's files
+ * (a --write over the CSV it was given replaced it, then failed to load). */
+static gp_status check_outputs_config(const gp_config *cfg, const char *write_path,
+                                      const char *prof_out, const char *sched_out)
+{
+    const struct {
+        const char *path, *opt;
+    } outs[3] = {{write_path, "--write"}, {prof_out, "--profile-out"},
+                 {sched_out, "--write-schedule"}};
+    for (int q = 0; q < 3; q++) {
+        const char *o = outs[q].path;
+        if (!o) continue;
+        if (gp_same_file(o, cfg->pipeline.schedule_path))
+            return gp_error_set(GP_ERR_INVALID, "%s %s is the schedule file the config reads "
+                                "(pipeline.schedule.file): give the output another name",
+                                outs[q].opt, o);
+        if (gp_dataset_reads(&cfg->data, o))
+            return gp_error_set(GP_ERR_INVALID, "%s %s is a file of the config's dataset "
+                                "(data.path): give the output another name", outs[q].opt, o);
+    }
+    return GP_OK;
+}
+
 /* --write-schedule: schedule `kind` (v stages per device) for n devices and
  * m micro-batches as PyTorch's per-rank action CSV (gp_schedule_write_csv),
  * which pipeline.schedule: {file: PATH} runs and PyTorch's _load_csv
@@ -752,6 +776,12 @@ int main(int argc, char **argv)
                     !strcmp(opt, "--devices") ? devices : chunks, e + hl);
         else
             fprintf(stderr, "gpipe-balance: %s\n", e);
+        free(sets);
+        return gp_status_exit_code(s);
+    }
+    if ((s = check_outputs_config(&cfg, write_path, prof_out, sched_out)) != GP_OK) {
+        fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());
+        gp_config_free(&cfg);
         free(sets);
         return gp_status_exit_code(s);
     }

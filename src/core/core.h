@@ -211,6 +211,11 @@ bool gp_path_in_dir(const char *path, const char *dir);
  * the same (resolved) directory, so two outputs not yet written compare
  * too; false where only one exists. */
 bool gp_same_file(const char *a, const char *b);
+/* Whether `path` is an existing file that lies anywhere below folder `dir`
+ * (or is `dir` itself, where that names a file), whatever the spelling
+ * (links resolved): an output that would replace a file of a dataset's
+ * folder. */
+bool gp_path_below(const char *path, const char *dir);
 /* Whether writing `out` (a file, or a folder of a Hugging Face export)
  * could replace what reading `in` (a file, or a folder gpipe reads, like a
  * Hugging Face model's) reads: the same file whatever the spelling (hard

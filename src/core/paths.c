@@ -476,6 +476,19 @@ bool gp_path_overlaps(const char *out, const char *in)
     return false;
 }
 
+bool gp_path_below(const char *path, const char *dir)
+{
+    char rp[PATH_MAX], rd[PATH_MAX];
+    struct stat st;
+    if (!path || !dir || !path[0] || !dir[0] || stat(path, &st) != 0 || !S_ISREG(st.st_mode) ||
+        !realpath(path, rp) || !realpath(dir, rd))
+        return false;
+    size_t n = strlen(rd);
+    if (!strcmp(rp, rd)) return true; /* dir names the file itself */
+    if (n == 1) return true;          /* "/": everything is below it */
+    return !strncmp(rp, rd, n) && rp[n] == '/';
+}
+
 bool gp_same_file(const char *a, const char *b)
 {
     if (!a || !b || !a[0] || !b[0]) return false;

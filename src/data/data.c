@@ -787,6 +787,20 @@ gp_status gp_dataset_locate(const gp_data_config *cfg, char *where, size_t len)
     return gp_error_set(GP_ERR_INVALID, "unknown dataset kind %d", (int)cfg->dataset);
 }
 
+bool gp_dataset_reads(const gp_data_config *cfg, const char *out)
+{
+    if (!out || !out[0] || cfg->dataset == GP_DATASET_SYNTHETIC) return false;
+    const char *dir = cfg->path[0] ? cfg->path : default_dir(cfg->dataset);
+    struct stat st;
+    if (cfg->dataset == GP_DATASET_TOKENS && stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) {
+        char train[1024], val[1024];
+        bool ok = gp_tokens_files(dir, train, val) == GP_OK;
+        if (!ok) gp_error_clear(); /* a missing split is the run's error to give, not this one's */
+        return ok ? gp_same_file(out, train) || gp_same_file(out, val) : gp_same_file(out, dir);
+    }
+    return gp_path_below(out, dir);
+}
+
 gp_status gp_dataset_load(const gp_data_config *cfg, bool train_split, uint64_t seed,
                           gp_dataset *out)
 {

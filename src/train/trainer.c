@@ -993,21 +993,28 @@ static gp_status check_outputs_spare_inputs(const gp_config *cfg, const gp_train
                       {tb_what, tb_dir}}; /* (a directory: the same name is a clash too) */
     char reads[80];
     snprintf(reads, sizeof reads, "the snapshot %s reads", gp_opt_name(GP_OPT_RESUME));
+    enum { N_INS = 4 };
     const struct {
         const char *what, *path;
-    } ins[3] = {{"the config", cfg->path},
-                {reads, opts->resume_path},
-                {"model.init_from", cfg->model.init_from}};
+    } ins[N_INS] = {{"the config", cfg->path},
+                    {reads, opts->resume_path},
+                    {"model.init_from", cfg->model.init_from},
+                    {"pipeline.schedule.file", cfg->pipeline.schedule_path}};
     const char *snap_dir = cfg->train.snapshot.dir;
     for (int o = 0; o < N_OUTS; o++) {
         const char *out = outs[o].path;
         if (!out || !out[0]) continue;
-        for (int k = 0; k < 3; k++)
+        for (int k = 0; k < N_INS; k++)
             if (gp_path_overlaps(out, ins[k].path)) /* a folder's members too */
                 return gp_error_set(GP_ERR_INVALID, "%s %s is %s (%s), or a file of it: "
                                     "writing it would replace what the run reads; give the "
                                     "output another name", outs[o].opt, out, ins[k].what,
                                     ins[k].path);
+        if (gp_dataset_reads(&cfg->data, out))
+            return gp_error_set(GP_ERR_INVALID, "%s %s is a file of the dataset (data.path: "
+                                "%s): writing it would replace what the run reads; give the "
+                                "output another name", outs[o].opt, out,
+                                cfg->data.path[0] ? cfg->data.path : "its default folder");
         for (int q = 0; q < o; q++)
             if (same_path(out, outs[q].path))
                 return gp_error_set(GP_ERR_INVALID, "%s and %s name the same file (%s); give "
