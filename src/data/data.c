@@ -787,18 +787,59 @@ gp_status gp_dataset_locate(const gp_data_config *cfg, char *where, size_t len)
     return gp_error_set(GP_ERR_INVALID, "unknown dataset kind %d", (int)cfg->dataset);
 }
 
+/* Whether out is one of the n files in `files`, however spelt. */
+static bool one_of(const char *out, char (*files)[1100], int n)
+{
+    for (int k = 0; k < n; k++)
+        if (gp_same_file(out, files[k])) return true;
+    return false;
+}
+
 bool gp_dataset_reads(const gp_data_config *cfg, const char *out)
 {
-    if (!out || !out[0] || cfg->dataset == GP_DATASET_SYNTHETIC) return false;
+    if (!out || !out[0]) return false;
     const char *dir = cfg->path[0] ? cfg->path : default_dir(cfg->dataset);
-    struct stat st;
-    if (cfg->dataset == GP_DATASET_TOKENS && stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) {
-        char train[1024], val[1024];
-        bool ok = gp_tokens_files(dir, train, val) == GP_OK;
-        if (!ok) gp_error_clear(); /* a missing split is the run's error to give, not this one's */
-        return ok ? gp_same_file(out, train) || gp_same_file(out, val) : gp_same_file(out, dir);
+    char f[6][1100], base[1024];
+    int n = 0;
+    gp_status s = GP_OK;
+    switch (cfg->dataset) {
+    case GP_DATASET_SYNTHETIC: return false;
+    case GP_DATASET_MNIST:
+    case GP_DATASET_FASHION_MNIST: { /* the four files, gzip or not */
+        char p[4][1024];
+        s = idx_files(cfg, dir, true, p[0], p[1]);
+        if (s == GP_OK) s = idx_files(cfg, dir, false, p[2], p[3]);
+        for (n = 0; s == GP_OK && n < 4; n++) memcpy(f[n], p[n], sizeof p[n]);
+        break;
     }
-    return gp_path_below(out, dir);
+    case GP_DATASET_CIFAR10:
+        for (int k = 0; s == GP_OK && k < 2; k++) {
+            char names[5][1100];
+            int m = 0;
+            s = cifar_files(cfg, dir, k == 0, base, names, &m);
+            for (int q = 0; s == GP_OK && q < m && n < 6; q++) memcpy(f[n++], names[q], 1100);
+        }
+        break;
+    case GP_DATASET_IMAGE_FOLDER: /* anything under train/ and val/ */
+        for (int k = 0; k < 2; k++) {
+            snprintf(f[k], sizeof f[k], "%s/%s", dir, k ? "val" : "train");
+            if (gp_path_below(out, f[k])) return true;
+        }
+        return false;
+    case GP_DATASET_TOKENS: {
+        char train[1024], val[1024];
+        s = gp_tokens_files(dir, train, val);
+        snprintf(f[0], sizeof f[0], "%s", train);
+        snprintf(f[1], sizeof f[1], "%s", val);
+        n = 2;
+        break;
+    }
+    }
+    if (s != GP_OK) { /* files missing: the run's own error to give, and none to replace */
+        gp_error_clear();
+        return false;
+    }
+    return one_of(out, f, n);
 }
 
 gp_status gp_dataset_load(const gp_data_config *cfg, bool train_split, uint64_t seed,

@@ -78,11 +78,13 @@ void gp_dataset_free(gp_dataset *ds);
  * val/ are checked as folders, not listed. */
 gp_status gp_dataset_locate(const gp_data_config *cfg, char *where, size_t len);
 
-/* Whether writing `out` would replace a file cfg's dataset reads: an
- * existing file anywhere below data.path (or the dataset's default
- * folder), or, where data.path names a token file, either split's file.
- * A synthetic dataset reads none.  (gpipe-train and gpipe-balance refuse
- * such an output before anything runs.) */
+/* Whether writing `out` would replace a file cfg's dataset reads, however
+ * spelt: the four IDX files, CIFAR-10's batches, a token dataset's two
+ * splits, or any existing file under an image folder's train/ and val/.
+ * Other files beside the data (a metrics file written there before) are
+ * not the dataset's; a synthetic dataset reads none, and where the files
+ * are missing there is nothing to replace.  (gpipe-train and gpipe-balance
+ * refuse such an output before anything runs.) */
 bool gp_dataset_reads(const gp_data_config *cfg, const char *out);
 
 /* The individual readers (also used by tests and fuzzers). */
