@@ -291,6 +291,9 @@ typedef struct gp_run_info {
                               (model.gpt.vocab_pad) the real ones (a logit past
                               them is no token: sample below this); 0 for
                               bce_with_logits */
+    int fresh;             /* 1 when the weights are the random initial draw:
+                              no model.init_from, no snapshot restored, no step
+                              taken (gpipe-sample says so before it samples) */
 } gp_run_info;
 gp_status gp_run_describe(const gp_run *run, gp_run_info *out);
 

@@ -760,6 +760,11 @@ static void test_outputs_spare_inputs(void)
                                                                 "file of it: writing it would "
                                                                 "replace what the run reads"),
                   "%s: %s", opts[o], out);
+        /* the same as --opt=VALUE (every valued option takes both forms) */
+        snprintf(cmd, sizeof cmd, "cd %s && %s spare.yaml -q %s=./spare.yaml", tmpdir, bin,
+                 opts[o]);
+        CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "is the config (spare.yaml)"),
+                  "%s=: %s", opts[o], out);
         /* model.init_from */
         snprintf(cmd, sizeof cmd, "%s %s -q --set model.init_from=%s %s %s", bin, cfg, w,
                  opts[o], w);
@@ -896,9 +901,12 @@ static void test_outputs_spare_schedule_and_data(void)
                       strstr(out, "is a file of the config's dataset"),
                   "gpipe-balance %s onto a dataset file: %s", bopts[o], out);
     }
-    /* a new file in the data folder is no dataset file */
-    snprintf(cmd, sizeof cmd, "%s %s -q --metrics %s/run.jsonl", bin, cfg, dir);
-    CHECK_MSG(run(cmd, out, sizeof out) == 0, "a new file beside the data: %s", out);
+    /* a file beside the data is no dataset file: a new one, and the same
+     * again (replaced by a second run) */
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "%s %s -q --metrics %s/run.jsonl", bin, cfg, dir);
+        CHECK_MSG(run(cmd, out, sizeof out) == 0, "a file beside the data (%d): %s", k, out);
+    }
     char *after = gpt_read_file(csv, &n1), *lafter = gpt_read_file(label, &l1);
     CHECK(before && after && n0 == n1 && !memcmp(before, after, n0));
     CHECK(lbefore && lafter && l0 == l1 && l0 > 0 && !memcmp(lbefore, lafter, l0));

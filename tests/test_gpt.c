@@ -803,6 +803,25 @@ static void pad_sample(gp_device *dev, const char *dir)
     }
     CHECK_MSG(ids >= 4 * 42 && past == 0, "%d of %d sampled ids are padding (>= %d): %s", past,
               ids, PV, out);
+    /* every option with a value takes --opt=VALUE too: the same draws */
+    static char again[1 << 15];
+    snprintf(cmd, sizeof cmd, "'%s' '%s' --weights='%s' --prompt-ids=1,2 --tokens=40 "
+             "--samples=4 --temperature=1 --ids -q", bin, yaml, w);
+    rc = gpt_run_cmd(cmd, again, sizeof again);
+    CHECK_MSG(rc == 0 && !strcmp(out, again), "--opt=VALUE (exit %d): %s", rc, again);
+    /* weights given: no note; none: said, to stderr, before the tokens */
+    snprintf(cmd, sizeof cmd, "'%s' '%s' --weights '%s' --prompt-ids 1 --tokens 2 --ids",
+             bin, yaml, w);
+    rc = gpt_run_cmd(cmd, again, sizeof again);
+    CHECK_MSG(rc == 0 && !strstr(again, "fresh, untrained"), "exit %d: %s", rc, again);
+    snprintf(cmd, sizeof cmd, "'%s' '%s' --prompt-ids 1 --tokens 2 --ids", bin, yaml);
+    rc = gpt_run_cmd(cmd, again, sizeof again);
+    CHECK_MSG(rc == 0 && strstr(again, "no weights given (--resume, --weights or the config's "
+                                       "model.init_from): sampling from the fresh, untrained "
+                                       "weights"), "exit %d: %s", rc, again);
+    snprintf(cmd, sizeof cmd, "'%s' --version", bin);
+    rc = gpt_run_cmd(cmd, again, sizeof again);
+    CHECK_MSG(rc == 0 && !strncmp(again, "gpipe-sample ", 13), "--version: %s", again);
     remove(yaml);
     remove(w);
 }

@@ -27,6 +27,7 @@ static void usage(FILE *f)
           "each stage adds to the pipeline (forward, backward, recompute when\n"
           "checkpointed, boundary copies), with every device's memory capacity as a\n"
           "constraint.\n"
+          "An option's VALUE may also follow an '=' (--set=KEY=VALUE).\n"
           "\n"
           "options:\n"
           "  --devices N        balance for N devices, 1 to 64 (default: the config's\n"
@@ -360,18 +361,7 @@ static const char *const k_valued[] = {"--devices", "--chunks", "--by", "--write
  * or not an option that takes one, opt then a's own text). */
 static const char *split_valued(const char *a, char *opt, size_t len)
 {
-    snprintf(opt, len, "%s", a);
-    const char *eq = !strncmp(a, "--", 2) ? strchr(a, '=') : NULL;
-    if (!eq || (size_t)(eq - a) >= len) return NULL;
-    char name[32];
-    memcpy(name, a, (size_t)(eq - a));
-    name[eq - a] = '\0';
-    for (size_t q = 0; q < sizeof k_valued / sizeof k_valued[0]; q++)
-        if (!strcmp(name, k_valued[q])) {
-            snprintf(opt, len, "%s", name);
-            return eq + 1;
-        }
-    return NULL;
+    return cli_split_valued(a, k_valued, sizeof k_valued / sizeof k_valued[0], opt, len);
 }
 
 /* --simulate's advice as a command: the user's own arguments (config,

@@ -56,6 +56,7 @@ static void usage(FILE *f)
           "\n"
           "Continue a prompt with the config's language model (model.input [T], an output\n"
           "(T, vocabulary)), through its pipeline.\n"
+          "An option's VALUE may also follow an '=' (--set=KEY=VALUE).\n"
           "\n"
           "options:\n"
           "  --resume SNAPSHOT   the weights of a snapshot (train.snapshot writes them);\n"
@@ -82,6 +83,7 @@ static void usage(FILE *f)
           "  --set KEY=VALUE     override a config value (repeatable)\n"
           "  -q, --quiet         only errors\n"
           "  -h, --help          this text\n"
+          "  --version           print the version\n"
           "\n"
           "exit status: 0 success; 2 bad command line or config; 3 a file error (a\n"
           "weights file, --out); 4 a failure while generating.\n",
@@ -138,10 +140,21 @@ static bool parse_num(const char *opt, const char *v, double lo, double hi, doub
 
 static int parse_args(int argc, char **argv, sample_opts *o)
 {
+    /* the options that take a value, as "--opt VALUE" or "--opt=VALUE" */
+    static const char *const valued[] = {"--resume", "--weights", "--prompt", "--prompt-ids",
+                                         "--out", "--set", "--tokens", "--top-k",
+                                         "--samples", "--seed", "--temperature"};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
+        char opt[32];
+        const char *inline_v =
+            cli_split_valued(argv[i], valued, sizeof valued / sizeof valued[0], opt, sizeof opt);
+        const char *a = inline_v ? opt : argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
+            return EXIT_OK + 100;
+        }
+        if (!strcmp(a, "--version")) {
+            printf("gpipe-sample %s\n", gp_version());
             return EXIT_OK + 100;
         }
         if (!strcmp(a, "--ids")) { o->ids = 1; continue; }
@@ -156,11 +169,18 @@ static int parse_args(int argc, char **argv, sample_opts *o)
             o->config = a;
             continue;
         }
-        if (i + 1 >= argc) {
+        bool known = false;
+        for (size_t q = 0; q < sizeof valued / sizeof valued[0]; q++)
+            known |= !strcmp(a, valued[q]);
+        if (!known) {
+            fprintf(stderr, "gpipe-sample: unknown option '%s'; see --help\n", a);
+            return EXIT_USAGE;
+        }
+        if (!inline_v && i + 1 >= argc) {
             fprintf(stderr, "gpipe-sample: %s needs a value; see --help\n", a);
             return EXIT_USAGE;
         }
-        const char *v = argv[++i];
+        const char *v = inline_v ? inline_v : argv[++i];
         double x = 0;
         long long k = 0;
         bool ok = true;
@@ -447,6 +467,9 @@ static int run_sampler(const sample_opts *o)
         gp_run_free(s.run);
         return gp_status_exit_code(st);
     }
+    if (info.fresh && !o->quiet)
+        fputs("gpipe-sample: note: no weights given (--resume, --weights or the config's "
+              "model.init_from): sampling from the fresh, untrained weights\n", stderr);
     s.T = info.input_numel;
     s.Vp = info.target_numel == s.T && s.T > 0 ? info.output_numel / s.T : 0;
     /* a padded vocabulary's logits past V are no tokens: drawn among V */

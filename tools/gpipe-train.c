@@ -29,6 +29,7 @@ static void usage(FILE *f)
           "\n"
           "Train the sequential model described by CONFIG.yaml (model, pipeline, data,\n"
           "train sections; see docs/config.md) and evaluate it on the test split.\n"
+          "An option's VALUE may also follow an '=' (--set=KEY=VALUE).\n"
           "\n"
           "options:\n"
           "  --set KEY=VALUE    (or --set=KEY=VALUE)\n"
@@ -50,7 +51,8 @@ static void usage(FILE *f)
           "                     devices[]: peak_bytes, its categories, current_bytes,\n"
           "                     host_waits, launches and adapter_bytes)\n"
           "                     and one per evaluation (test_loss,\n"
-          "                     test_accuracy); README \"Training\" says each;\n"
+          "                     test_accuracy); docs/timelines-and-metrics.md says\n"
+          "                     each;\n"
           "                     scripts/metrics.py plots, summarises and compares\n"
           "                     these files\n"
           "  --tensorboard DIR  (or --tensorboard=DIR; config: train.tensorboard) write\n"
@@ -106,8 +108,8 @@ static void usage(FILE *f)
           "balance: auto keeps its profiles for the next run of the same model, batch,\n"
           "device and build (default ~/.cache/gpipe/profiles); GPIPE_PROCS_CHANNELS=0\n"
           "sends GPU stages' data between processes through host copies instead of\n"
-          "NCCL channels. README.md (\"Building by hand\") lists the rest: A/B switches\n"
-          "for CPU and GPU paths, test hooks.\n"
+          "NCCL channels. docs/configs.md (\"Environment variables\") lists the rest:\n"
+          "the processor switch, A/B switches for CPU and GPU paths, test hooks.\n"
           "\n"
           "signals: SIGINT (Ctrl-C), SIGTERM, SIGHUP or SIGUSR1 stops after the current\n"
           "step: a final snapshot when train.snapshot is on (else it says what was not\n"
@@ -352,8 +354,15 @@ int main(int argc, char **argv)
     int set_value_at = -1; /* argv index of the last --set's value */
     gp_names_use_flags(); /* messages name --set, --resume, ... */
     if (!sets) return EXIT_RUNTIME;
+    /* the options that take a value, as "--opt VALUE" or "--opt=VALUE" */
+    static const char *const valued[] = {"--set", "--metrics", "--trace", "--trace-steps",
+                                         "--resume", "--export-weights", "--tensorboard",
+                                         "--export-format", "--gpu"};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
+        char opt[32];
+        const char *inline_v =
+            cli_split_valued(argv[i], valued, sizeof valued / sizeof valued[0], opt, sizeof opt);
+        const char *a = inline_v ? opt : argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             if (launched_rank() == 0) usage(stdout); /* under mpirun: once */
             free(sets);
@@ -371,20 +380,20 @@ int main(int argc, char **argv)
                    !strcmp(a, "--trace-steps") || !strcmp(a, "--resume") ||
                    !strcmp(a, "--export-weights") || !strcmp(a, "--tensorboard") ||
                    !strcmp(a, "--export-format")) {
-            if (i + 1 >= argc) {
+            if (!inline_v && i + 1 >= argc) {
                 fprintf(stderr, "gpipe-train: %s needs a value; see --help\n", a);
                 free(sets);
                 return EXIT_USAGE;
             }
-            const char *v = argv[++i];
-            if (!strncmp(v, "--", 2) && v[2]) { /* "--metrics --quiet": a forgotten value */
+            const char *v = inline_v ? inline_v : argv[++i];
+            if (!inline_v && !strncmp(v, "--", 2) && v[2]) { /* "--metrics --quiet": forgotten */
                 fprintf(stderr, "gpipe-train: %s needs a value, and '%s' is an option%s; see "
                         "--help\n", a, v, strcmp(a, "--set") ? " (for a file of that name "
                         "write ./ before it)" : "");
                 free(sets);
                 return EXIT_USAGE;
             }
-            set_value_at = !strcmp(a, "--set") ? i : -1;
+            set_value_at = !strcmp(a, "--set") ? i : -1; /* its value is argv[i], either form */
             if (!strcmp(a, "--set")) sets[n_sets++] = v;
             else if (!strcmp(a, "--metrics")) metrics = v;
             else if (!strcmp(a, "--trace")) trace = v;
@@ -407,19 +416,13 @@ int main(int argc, char **argv)
                 free(sets);
                 return EXIT_USAGE;
             }
-        } else if (!strncmp(a, "--set=", 6)) {
-            sets[n_sets++] = a + 6;
-        } else if (!strncmp(a, "--metrics=", 10)) {
-            metrics = a + 10;
-        } else if (!strncmp(a, "--tensorboard=", 14)) {
-            tensorboard = a + 14;
         } else if (!strcmp(a, "--dry-run")) {
             dry = 1;
         } else if (!strcmp(a, "--convert")) {
             convert = 1;
-        } else if (!strcmp(a, "--gpu") || !strncmp(a, "--gpu=", 6)) {
-            if (a[5] == '=') {
-                gpu = a + 6;
+        } else if (!strcmp(a, "--gpu")) {
+            if (inline_v) {
+                gpu = inline_v;
             } else if (i + 1 < argc) {
                 gpu = argv[++i];
             } else {

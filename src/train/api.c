@@ -30,6 +30,7 @@ struct gp_run {
                            0 = none */
     gp_status diverged_by; /* that step's status */
     bool inference;     /* gp_run_inference_only: no gradients, no optimizer state */
+    bool restored;      /* a snapshot's weights were put back (gp_run_restore) */
 };
 
 /* The checks every call on a run makes first. */
@@ -464,6 +465,7 @@ static gp_status run_describe(const gp_run *r, gp_run_info *out)
     out->batch_size = r->cfg.train.batch_size;
     out->parameters = params;
     out->step = r->prepared ? r->model->step : 0;
+    out->fresh = !mc->init_from[0] && !r->restored && out->step == 0;
     out->devices = gp_pipeline_devices_total(&r->cfg.pipeline);
     int64_t cls = gp_model_config_classes(mc);
     out->classes = mc->loss != GP_LOSS_CROSS_ENTROPY ? 0 : cls > 0 ? cls : o.dims[o.ndim - 1];
@@ -526,6 +528,7 @@ static gp_status run_restore(gp_run *r, const char *path)
     if (s != GP_OK) return gp_error_wrap(s, "gp_run_restore");
     /* a model that diverged is replaced whole: the run may go on */
     r->diverged = 0;
+    r->restored = true;
     no_step_yet(&r->last, pos.step);
     return GP_OK;
 }

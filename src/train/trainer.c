@@ -2133,8 +2133,8 @@ static void print_bubble(const train_run *r, const gp_profile *prof, const gp_si
                 cfg->pipeline.chunks, 100 * res->bubble_simulated);
     else
         GP_INFO("pipeline bubble %.1f%% over %lld step%s (schedule %s, %d micro-batches); no "
-                "profile of this model is cached to simulate it (balance: auto or "
-                "gpipe-balance takes one)", 100 * res->bubble, (long long)r->bub_steps,
+                "profile of this model is cached to simulate it (a run with balance: auto "
+                "keeps one; gpipe-balance --simulate simulates every schedule)", 100 * res->bubble, (long long)r->bub_steps,
                 r->bub_steps == 1 ? "" : "s", sched, cfg->pipeline.chunks);
     if (isfinite(res->bubble_simulated)) suggest_setup(r, prof, sim);
 }
