@@ -276,6 +276,9 @@ static void test_cli_errors(void)
                   strstr(out, "huge.yaml: cpu:1's stages hold 45.8 MiB of weights, gradients "
                               "and momentum alone, more than its pipeline.memory of 32.0 MiB"),
               "cpu:1 cannot hold its linear: exit %d, %s", rc_huge, out);
+    /* the summary first, the error last, though stdout is a pipe here */
+    CHECK_MSG(strstr(out, "huge.yaml: cpu:1's stages") > strstr(out, "total: 26218800010"),
+              "the error before the summary: %s", out);
     /* a batch norm of 2^20 features: 24 MiB of weights, gradients and
      * momentum, 8 MiB of running statistics: 28 MiB holds the first alone */
     write_file(huge, "model:\n  input: [1048576]\n  layers: [flatten, batchnorm, "

@@ -602,6 +602,9 @@ int main(int argc, char **argv)
             printf("defaults applied (keys the config left out):\n%s",
                    cfg.defaults_applied && cfg.defaults_applied[0] ? cfg.defaults_applied
                                                                    : "  none\n");
+        /* the summary out before an error on stderr: through `2>&1 | tail`
+         * the error is the last line, as on a terminal */
+        fflush(stdout);
     } else {
         gp_train_opts o = {.metrics_path = metrics, .trace_path = trace,
                            .trace_first = trace_first, .trace_last = trace_last,
