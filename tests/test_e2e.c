@@ -817,6 +817,12 @@ static void test_outputs_spare_inputs(void)
     CHECK_MSG(run(cmd, out, sizeof out) == 2 &&
                   strstr(out, "a snapshot's name in train.snapshot.dir") &&
                   strstr(out, "it holds no snapshot"), "output: %s", out);
+    /* a --resume that is not there: said before balance: auto profiles */
+    snprintf(cmd, sizeof cmd, "GPIPE_PROFILE_CACHE=off %s %s --set 'pipeline.devices=[cpu:0, "
+             "cpu:1]' --set pipeline.balance=auto --resume %s/nosuch.safetensors", bin, cfg,
+             dir);
+    CHECK_MSG(run(cmd, out, sizeof out) == 3 && !strstr(out, "profiling") &&
+                  strstr(out, "--resume: cannot open '"), "output: %s", out);
     char *sa = gpt_read_file(snap, &s1);
     CHECK(sb && sa && s0 == s1 && s0 > 0 && !memcmp(sb, sa, s0));
     free(sb);

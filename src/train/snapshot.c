@@ -1180,6 +1180,11 @@ gp_status gp_snapshot_resume_check(const char *resume, const char *dir)
                             gp_opt_value(GP_OPT_RESUME, resume, given, sizeof given),
                             gp_opt_name(GP_OPT_RESUME_LATEST), resume);
     }
+    /* a missing file said now, not after balance: auto's profile (minutes
+     * on a large model) and the data's loading */
+    if (stat(resume, &st) != 0)
+        return gp_error_set(GP_ERR_IO, "%s: cannot open '%s': %s", gp_opt_name(GP_OPT_RESUME),
+                            resume, strerror(errno));
     return GP_OK;
 }
 

@@ -63,8 +63,9 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer);
 /* Read, verify (CRC required) and check a snapshot; fills pos. */
 gp_status gp_snapshot_open(const char *path, gp_st_file *f, gp_snapshot_pos *pos);
 /* Before anything is made: --resume latest needs train.snapshot.dir to
- * exist (the run makes it, so afterwards it always would), and --resume
- * of a directory says how to resume the newest snapshot in it. */
+ * exist (the run makes it, so afterwards it always would), --resume of a
+ * directory says how to resume the newest snapshot in it, and --resume of
+ * a file needs the file. */
 gp_status gp_snapshot_resume_check(const char *resume, const char *dir);
 /* The newest snapshot in dir that verifies ("snapshot-<step>.safetensors");
  * broken ones are skipped with a warning.  GP_ERR_IO if there is none. */
