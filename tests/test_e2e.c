@@ -273,11 +273,12 @@ static void test_cli_errors(void)
              "memory: 32MiB}]' --set 'pipeline.balance=[2, 1]'", bin, huge);
     rc_huge = run(cmd, out, sizeof out);
     CHECK_MSG(rc_huge == 4 && strstr(out, "total: 26218800010 parameters") &&
-                  strstr(out, "huge.yaml: cpu:1's stages hold 45.8 MiB of weights, gradients "
-                              "and momentum alone, more than its pipeline.memory of 32.0 MiB"),
+                  strstr(out, "--set pipeline.devices=[cpu:0, {name: cpu:1, memory: 32MiB}]: cpu:1's "
+                              "stages hold 45.8 MiB of weights, gradients and momentum alone, "
+                              "more than its memory of 32.0 MiB"),
               "cpu:1 cannot hold its linear: exit %d, %s", rc_huge, out);
     /* the summary first, the error last, though stdout is a pipe here */
-    CHECK_MSG(strstr(out, "huge.yaml: cpu:1's stages") > strstr(out, "total: 26218800010"),
+    CHECK_MSG(strstr(out, ": cpu:1's stages") > strstr(out, "total: 26218800010"),
               "the error before the summary: %s", out);
     /* a batch norm of 2^20 features: 24 MiB of weights, gradients and
      * momentum, 8 MiB of running statistics: 28 MiB holds the first alone */
@@ -286,9 +287,9 @@ static void test_cli_errors(void)
     snprintf(cmd, sizeof cmd, "%s %s --dry-run --set 'pipeline.devices=[cpu:0, {name: cpu:1, "
              "memory: 28MiB}, cpu:2]' --set 'pipeline.balance=[1, 1, 1]'", bin, huge);
     rc_huge = run(cmd, out, sizeof out);
-    CHECK_MSG(rc_huge == 4 && strstr(out, "huge.yaml: cpu:1's stages hold 32.0 MiB of weights, "
+    CHECK_MSG(rc_huge == 4 && strstr(out, ": cpu:1's stages hold 32.0 MiB of weights, "
                                           "gradients and momentum alone (batch-norm statistics "
-                                          "included), more than its pipeline.memory of 28.0 MiB"),
+                                          "included), more than its memory of 28.0 MiB"),
               "cpu:1 cannot hold its batch norm's statistics: exit %d, %s", rc_huge, out);
     /* a real run says the same before it opens a device, not the
      * allocator's refusal of the first tensor past the capacity (which
@@ -296,10 +297,19 @@ static void test_cli_errors(void)
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --set train.steps=1 --set "
              "pipeline.memory=8MiB", bin, GPIPE_SOURCE_DIR);
     rc_huge = run(cmd, out, sizeof out);
-    CHECK_MSG(rc_huge == 4 && strstr(out, "default.yaml: cpu:0's stages hold 9.4 MiB of weights, "
-                                          "gradients and momentum alone") &&
+    CHECK_MSG(rc_huge == 4 && strstr(out, "--set pipeline.memory=8MiB: cpu:0's stages hold 9.4 "
+                                          "MiB of weights, gradients and momentum alone") &&
                   !strstr(out, "micro-batches"),
               "a run whose weights cannot fit: exit %d, %s", rc_huge, out);
+
+    /* ... and named by where the limit was written in the file */
+    write_file(huge, "model:\n  input: [4096]\n  layers: [flatten, {linear: {out: 1024}}]\n"
+                     "pipeline:\n  memory: 8MiB\n");
+    snprintf(cmd, sizeof cmd, "%s %s --dry-run", bin, huge);
+    rc_huge = run(cmd, out, sizeof out);
+    CHECK_MSG(rc_huge == 4 && strstr(out, "huge.yaml:5:11: cpu:0's stages hold") &&
+                  strstr(out, "more than its pipeline.memory of 8.0 MiB"),
+              "pipeline.memory's place: exit %d, %s", rc_huge, out);
 
     /* activations too (issue 78, item 3): a capacity above the weights
      * but below a device's estimated peak under the run's schedule stops
@@ -309,7 +319,7 @@ static void test_cli_errors(void)
              "'pipeline.devices=[cpu:0, cpu:1]' --set 'pipeline.balance=[5, 8]' --set "
              "pipeline.memory=16MiB --set pipeline.schedule=1f1b", bin, GPIPE_SOURCE_DIR);
     rc_huge = run(cmd, out, sizeof out);
-    CHECK_MSG(rc_huge == 4 && strstr(out, "default.yaml: cpu:0 needs about ") &&
+    CHECK_MSG(rc_huge == 4 && strstr(out, "--set pipeline.memory=16MiB: cpu:0 needs about ") &&
                   strstr(out, "at a step's peak (weights, gradients and momentum and the "
                               "activations of 1 micro-batch under schedule 1f1b, checkpoint "
                               "except_last") &&

@@ -108,6 +108,8 @@ typedef struct gp_pipeline_config {
     char devices_at[600]; /* where pipeline.devices was given ("my.yaml:9:12",
                              "--set pipeline.devices=..."), for a device
                              that cannot be opened; "" by default or in C */
+    char memory_at[600];  /* where pipeline.memory was given, likewise, for a
+                             device whose stages do not fit it */
 } gp_pipeline_config;
 
 /* The lockstep schedule k runs under in a sweep over schedules (the

@@ -389,6 +389,8 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
     GP_TRY(gp_cfg_check_keys(w, m, "pipeline"));
     GP_TRY(gp_cfg_get_int32(w, m, "pipeline", "threads", 0, 0, 4096, &pc->threads));
     GP_TRY(gp_cfg_get_bytes(w, m, "pipeline", "memory", &pc->memory));
+    const gp_ynode *mn = gp_ymap_get(m, "memory");
+    if (!gp_cfg_absent(mn)) gp_yloc(w->file, mn, pc->memory_at, sizeof pc->memory_at);
 
     /* devices: [names or maps], a single name, a count of CPU devices, or a
      * grid with one row of names per data-parallel replica */

@@ -76,6 +76,10 @@ const char *gp_opt_name(gp_opt o);
  * --set 'k={a: 1}' (quoted for a shell where needed); for the library
  * gp_train_options.resume = "DIR", override "k={a: 1}".  Into buf. */
 const char *gp_opt_value(gp_opt o, const char *value, char *buf, size_t len);
+/* At most `most` bytes of s[0..n) for a message that quotes a file's text:
+ * control bytes (below 0x20, and 0x7f) written \xNN, so that a binary file's
+ * error cannot drive the terminal; "..." after a cut.  Into buf. */
+const char *gp_error_quote(const char *s, size_t n, size_t most, char *buf, size_t len);
 #define GP_ERRMSG_LEN 2048          /* its buffer, the terminating 0 included */
 void gp_error_clear(void);
 /* The exit status gpipe's tools give for s (the one map, which a failing

@@ -101,6 +101,28 @@ const char *gp_error_message(void) { return tls_msg; }
 const char *gp_last_error(void) { return tls_msg; }
 void gp_error_clear(void) { tls_msg[0] = '\0'; }
 
+const char *gp_error_quote(const char *s, size_t n, size_t most, char *buf, size_t len)
+{
+    size_t o = 0;
+    if (!len) return buf;
+    for (size_t k = 0; k < n && k < most; k++) {
+        unsigned char c = (unsigned char)s[k];
+        if (c < 0x20 || c == 0x7f) {
+            if (o + 5 >= len) break;
+            o += (size_t)snprintf(buf + o, len - o, "\\x%02x", c);
+        } else {
+            if (o + 2 >= len) break;
+            buf[o++] = (char)c;
+        }
+    }
+    if (n > most && o + 4 < len) {
+        memcpy(buf + o, "...", 3);
+        o += 3;
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
 int gp_status_exit_code(gp_status s)
 {
     switch (s) {

@@ -182,10 +182,13 @@ static gp_status parse_rows(gp_schedule_file *f, const char *text, size_t len)
                         if (!se) se = send;
                         gp_sact a = {.rank = r, .line = line, .col = (int)(sub - p) + 1};
                         bool skip;
+                        char q[200];
                         if (!parse_action(sub, (size_t)(se - sub), &a, &skip) || skip)
-                            return gp_error_set(GP_ERR_DATA, "%s:%d:%d: rank %d: '%.*s' in an "
+                            return gp_error_set(GP_ERR_DATA, "%s:%d:%d: rank %d: '%s' in an "
                                                 "OVERLAP_F_B is not a forward or backward",
-                                                f->path, line, a.col, r, (int)(se - sub), sub);
+                                                f->path, line, a.col, r,
+                                                gp_error_quote(sub, (size_t)(se - sub), 40, q,
+                                                               sizeof q));
                         GP_TRY(push(f, r, &a, cap));
                         sub = se + 1;
                     }
@@ -195,12 +198,14 @@ static gp_status parse_rows(gp_schedule_file *f, const char *text, size_t len)
                 if (a1 > a0) {
                     gp_sact a = {.rank = r, .line = line, .col = (int)(a0 - p) + 1};
                     bool skip;
+                    char q[200];
                     if (!parse_action(a0, (size_t)(a1 - a0), &a, &skip))
-                        return gp_error_set(GP_ERR_DATA, "%s:%d:%d: rank %d: '%.*s' is not an "
+                        return gp_error_set(GP_ERR_DATA, "%s:%d:%d: rank %d: '%s' is not an "
                                             "action: STAGE then F, I, W, B, SEND_F, RECV_F, "
                                             "SEND_B or RECV_B then the micro-batch (PyTorch's "
                                             "`2F0`, `1I3`, `0SEND_F1`)", f->path, line, a.col, r,
-                                            (int)(a1 - a0 > 40 ? 40 : a1 - a0), a0);
+                                            gp_error_quote(a0, (size_t)(a1 - a0), 40, q,
+                                                           sizeof q));
                     if (!skip) GP_TRY(push(f, r, &a, cap));
                 }
                 c = ce + 1;

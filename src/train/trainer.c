@@ -695,6 +695,28 @@ static gp_device_opts device_opts(const gp_config *cfg, int j)
                             .deterministic = cfg->train.deterministic};
 }
 
+/* Where device j's memory limit was written, for a message that it is too
+ * small: pipeline.memory's place ("f.yaml:5:11", or its --set), the device
+ * list's where the device has a memory of its own, else the config; the
+ * config where the limit is the device's own memory (own). */
+static const char *memory_at(const gp_config *cfg, int j, bool own)
+{
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    if (own) return cfg->path;
+    if (pc->memory_at[0] && pc->devices[j].memory == pc->memory) return pc->memory_at;
+    return pc->devices_at[0] ? pc->devices_at : cfg->path;
+}
+
+/* What the limit is called there: "the device's memory," (its own, no
+ * limit given), "its pipeline.memory of" or "its memory of" (its entry in
+ * pipeline.devices). */
+static const char *memory_words(const gp_config *cfg, int j, bool own)
+{
+    const gp_pipeline_config *pc = &cfg->pipeline;
+    if (own) return "the device's memory,";
+    return pc->devices[j].memory == pc->memory ? "its pipeline.memory of" : "its memory of";
+}
+
 /* "N CPU devices on M cores: ..." into buf where the config's CPU devices
  * outnumber this machine's cores (false and "" where they do not): what a
  * run warns and --dry-run notes. */
@@ -2513,9 +2535,10 @@ static gp_status summary_fits(const gp_config *cfg, const gp_model *m, gp_device
         gp_format_bytes((size_t)cap, cb, sizeof cb);
         return gp_error_set(GP_ERR_OOM, "%s: %s's stages hold %s of weights%s alone"
                             "%s, more than %s %s; %sspread the model over more devices",
-                            cfg->path, pc->devices[d].name, nb, state_words(cfg, false),
+                            memory_at(cfg, d, own), pc->devices[d].name, nb,
+                            state_words(cfg, false),
                             buffers[d % n] ? " (batch-norm statistics included)" : "",
-                            own ? "the device's memory," : "its pipeline.memory of", cb,
+                            memory_words(cfg, d, own), cb,
                             own ? "" : "give it more memory, or ");
     }
     bool limited;
@@ -2614,7 +2637,7 @@ static gp_status activations_fit(const gp_config *cfg, const gp_model *meta, gp_
                     "%s; a run would stop at start-up (%smore micro-batches, a schedule with "
                     "fewer in flight, or more devices)\n", pc->devices[d].name,
                     meta->n_stages > n ? "at least " : "about ", nb, sched,
-                    own ? "the device's memory," : "its pipeline.memory of", cb, help);
+                    memory_words(cfg, d, own), cb, help);
             continue;
         }
         return gp_error_set(GP_ERR_OOM, "%s: %s needs %s%s at a step's peak (weights%s "
@@ -2623,12 +2646,13 @@ static gp_status activations_fit(const gp_config *cfg, const gp_model *meta, gp_
                             "%s: %smore micro-batches, a schedule with fewer in flight "
                             "(1f1b, v-half, v-min), or more devices would lower it "
                             "(gpipe-train --dry-run shows every device's; "
-                            "GPIPE_MEMORY_CHECK=0 runs anyway)", cfg->path, pc->devices[d].name,
+                            "GPIPE_MEMORY_CHECK=0 runs anyway)", memory_at(cfg, d, own),
+                            pc->devices[d].name,
                             meta->n_stages > n ? "at least " : "about ", nb,
                             state_words(cfg, false), pc->chunks,
                             pc->chunks == 1 ? "" : "es", sched,
                             gp_checkpoint_mode_name(pc->checkpoint),
-                            own ? "the device's memory," : "its pipeline.memory of", cb, help);
+                            memory_words(cfg, d, own), cb, help);
     }
     bool limited;
     uint64_t ram = host_memory(&limited);
