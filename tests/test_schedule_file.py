@@ -203,6 +203,9 @@ def main():
                                                                "no rank runs stage 4"])
         variant("truncated_action", lambda r: r[1].__setitem__(len(r[1]) - 1, "1W"),
                 ["rank 1", ":2:", "'1W'", "not an action"])
+        # binary bytes in an action: quoted \xNN, never echoed to the terminal
+        variant("control_bytes", lambda r: r[1].__setitem__(2, "\x1b[31m\x07x"),
+                ["rank 1", ":2:", "'\\x1b[31m\\x07x'", "not an action"])
         variant("truncated_row", lambda r: r.__setitem__(1, r[1][:len(r[1]) // 2]),
                 ["rank 1", ":2:"])
         variant("stage_two_ranks", lambda r: r[1].insert(0, r[0].pop(0)),
