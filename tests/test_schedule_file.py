@@ -203,6 +203,12 @@ def main():
                                                                "no rank runs stage 4"])
         variant("truncated_action", lambda r: r[1].__setitem__(len(r[1]) - 1, "1W"),
                 ["rank 1", ":2:", "'1W'", "not an action"])
+        # a relative path that is not there: read from the working directory, said
+        rc, out = gpipe(tmp, [CFG, "--dry-run"], [devices(2), "pipeline.chunks=4",
+                                                  "pipeline.schedule={file: nosuch.csv}"])
+        check(rc == 2 and "cannot read the schedule 'nosuch.csv'" in out and
+              "read from the working directory, %s," % os.path.realpath(tmp) in out,
+              "a missing relative file: exit %d: %s" % (rc, out[-400:]))
         # binary bytes in an action: quoted \xNN, never echoed to the terminal
         variant("control_bytes", lambda r: r[1].__setitem__(2, "\x1b[31m\x07x"),
                 ["rank 1", ":2:", "'\\x1b[31m\\x07x'", "not an action"])

@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_BYTES ((size_t)64 << 20)
 
@@ -112,9 +113,16 @@ static gp_status read_text(const char *path, char **text, size_t *len)
                             "schedule?", path, MAX_BYTES >> 20);
     if (r < 0 && errno == ENOMEM)
         return gp_error_set(GP_ERR_OOM, "out of host memory reading '%s'", path);
-    if (r < 0)
+    if (r < 0) {
+        int e = errno;
+        char cwd[1024] = "";
+        if (path[0] != '/' && e == ENOENT && getcwd(cwd, sizeof cwd))
+            return gp_error_set(GP_ERR_IO, "cannot read the schedule '%s': %s (a relative path "
+                                "is read from the working directory, %s, not the config's "
+                                "folder)", path, gp_open_strerror(e), cwd);
         return gp_error_set(GP_ERR_IO, "cannot read the schedule '%s': %s", path,
-                            gp_open_strerror(errno));
+                            gp_open_strerror(e));
+    }
     return GP_OK;
 }
 
