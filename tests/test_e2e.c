@@ -124,13 +124,16 @@ static void test_cli_errors(void)
                                              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
     for (int k = 0; k < 4; k++) {
         snprintf(idxfile, sizeof idxfile, "%s/%s%s", idxdir, idx_names[k], k == 3 ? "" : ".gz");
-        write_file(idxfile, "not read by a dry run");
+        write_file(idxfile, "only its header is read by a dry run");
     }
     snprintf(cmd, sizeof cmd, "%s %s --dry-run --set data.path=%s", bin, nodata, idxdir);
     CHECK(run(cmd, out, sizeof out) == 0);
     snprintf(idxfile, sizeof idxfile, "data: fashion-mnist, the 4 IDX files (some gzip) in %s\n",
              idxdir);
-    CHECK_MSG(strstr(out, idxfile) && !strstr(out, "note: data"), "output: %s", out);
+    /* found, and the images' header read for the shape: these are no IDX */
+    CHECK_MSG(strstr(out, idxfile) && strstr(out, "note: data: ") &&
+                  strstr(out, "train-images-idx3-ubyte.gz: bad magic number") &&
+                  strstr(out, "(a run would stop there)"), "output: %s", out);
     snprintf(cmd, sizeof cmd, "%s %s --dry-run --set data.dataset=synthetic", bin, nodata);
     CHECK(run(cmd, out, sizeof out) == 0);
     CHECK_MSG(strstr(out, "data: synthetic, made from the seed\n"), "output: %s", out);
@@ -984,6 +987,11 @@ static void test_config_checks(void)
                  "samples of [1, 5, 5]; set model.input to match the data (the test split must "
                  "have the training split's shape)", dir);
         CHECK_MSG(rc == 2 && strstr(out, want), "exit %d: %s", rc, out);
+        /* --dry-run says the same from the files' headers, as a note */
+        snprintf(cmd, sizeof cmd, "%s %s --dry-run", bin, cfg);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 0 && strstr(out, "note: data: ") && strstr(out, want) &&
+                      strstr(out, "(a run would stop there)"), "exit %d: %s", rc, out);
         /* and the training split against the model */
         snprintf(cmd, sizeof cmd, "%s %s --set model.input=[1,5,5]", bin, cfg);
         rc = run(cmd, out, sizeof out);
@@ -991,6 +999,18 @@ static void test_config_checks(void)
                  "(%s/train-images-idx3-ubyte) has "
                  "samples of [1, 6, 6]; set model.input to match the data\n", dir);
         CHECK_MSG(rc == 2 && strstr(out, want), "exit %d: %s", rc, out);
+        snprintf(cmd, sizeof cmd, "%s %s --set model.input=[1,5,5] --dry-run", bin, cfg);
+        rc = run(cmd, out, sizeof out);
+        snprintf(want, sizeof want, "model.input is [1, 5, 5] but mnist train split "
+                 "(%s/train-images-idx3-ubyte) has samples of [1, 6, 6]; set model.input to "
+                 "match the data (a run would stop there)", dir);
+        CHECK_MSG(rc == 0 && strstr(out, want), "--dry-run: exit %d: %s", rc, out);
+        /* and the classes: 3 outputs for mnist's 10 */
+        snprintf(cmd, sizeof cmd, "%s %s --set model.input=[1,6,6] --set "
+                 "'data.path=/usr/share/datasets/nope' --dry-run", bin, cfg);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 0 && strstr(out, "note: data: "), "no data, no check: exit %d: %s", rc,
+                  out);
     }
 
     /* MNIST and Fashion-MNIST share file names: data.dataset: mnist over
@@ -1016,6 +1036,15 @@ static void test_config_checks(void)
                  cfg);
         rc = run(cmd, out, sizeof out);
         CHECK_MSG(rc == 0 && !strstr(out, "mean pixel"), "exit %d: %s", rc, out);
+        /* --dry-run checks the outputs against the dataset's 10 classes
+         * (a note); the right shape and classes have none */
+        snprintf(cmd, sizeof cmd, "%s %s --dry-run --set model.layers.1.out=3", bin, cfg);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 0 && strstr(out, "the model has 3 outputs but the data has 10 classes; "
+                                         "make this layer's out 10"), "exit %d: %s", rc, out);
+        snprintf(cmd, sizeof cmd, "%s %s --dry-run", bin, cfg);
+        rc = run(cmd, out, sizeof out);
+        CHECK_MSG(rc == 0 && !strstr(out, "note: data"), "exit %d: %s", rc, out);
     }
 
     /* data.mean / data.std: one value, or one per channel, not three for a

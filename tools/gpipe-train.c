@@ -591,9 +591,15 @@ int main(int argc, char **argv)
     if (dry) {
         s = gp_model_summary(&cfg, stdout);
         char where[1200];
-        if (s == GP_OK && gp_dataset_locate(&cfg.data, where, sizeof where) == GP_OK)
+        if (s == GP_OK && gp_dataset_locate(&cfg.data, where, sizeof where) == GP_OK) {
             printf("data: %s\n", where);
-        else if (s == GP_OK) { /* a summary of the model all the same */
+            /* the model against it, as a run would: said, not failed (a
+             * config planned before its data is chosen keeps the default) */
+            if (gp_train_check_data(&cfg) != GP_OK) {
+                printf("note: data: %s (a run would stop there)\n", gp_last_error());
+                gp_error_clear();
+            }
+        } else if (s == GP_OK) { /* a summary of the model all the same */
             printf("note: data: %s (a run would stop there)\n", gp_last_error());
             gp_error_clear();
         }

@@ -78,6 +78,14 @@ void gp_dataset_free(gp_dataset *ds);
  * val/ are checked as folders, not listed. */
 gp_status gp_dataset_locate(const gp_data_config *cfg, char *where, size_t len);
 
+/* A split's sample shape and classes without reading its samples, for
+ * --dry-run's check against the model: an IDX dataset's header (c 1, h, w,
+ * n; classes 10, the least its labels give), CIFAR-10's fixed 3 x 32 x 32
+ * and 10 classes; *known false for the kinds only a read tells (image
+ * folders, tokens, synthetic).  out holds no samples (nothing to free). */
+gp_status gp_dataset_peek(const gp_data_config *cfg, bool train_split, gp_dataset *out,
+                          bool *known);
+
 /* Whether writing `out` would replace a file cfg's dataset reads, however
  * spelt: the four IDX files, CIFAR-10's batches, a token dataset's two
  * splits, or any existing file under an image folder's train/ and val/.

@@ -465,6 +465,12 @@ gp_status gp_train_open(const gp_config *cfg, gp_device **devs, gp_model *model,
  * the config names).  Outputs checked first, as gp_train_run checks them. */
 gp_status gp_train_convert(const gp_config *cfg, const gp_train_opts *opts);
 
+/* --dry-run's check of the data against the model, where the data's shape
+ * and classes are known without reading it (gp_dataset_peek: IDX and
+ * CIFAR-10): the model's input and its outputs, as a run checks them after
+ * loading (the same messages); GP_OK for the kinds only a read tells. */
+gp_status gp_train_check_data(const gp_config *cfg);
+
 /* Load data, build the model, train and evaluate as the config says. */
 gp_status gp_train_run(const gp_config *cfg, const gp_train_opts *opts,
                        gp_train_result *res);

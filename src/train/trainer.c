@@ -1299,6 +1299,41 @@ static gp_status run_open_outputs(train_run *r)
     return s;
 }
 
+/* Both splits' samples of the model's input shape: evaluation uploads test
+ * samples of it too (a test split of no samples: nothing to check). */
+static gp_status check_input_shape(const gp_config *cfg, const gp_dataset *train,
+                                   const gp_dataset *test)
+{
+    for (int q = 0; q < 2; q++) {
+        const gp_dataset *d = q ? test : train;
+        if (q && d->n == 0) break;
+        if (d->c != cfg->model.input[0] || d->h != cfg->model.input[1] ||
+            d->w != cfg->model.input[2])
+            return gp_error_set(GP_ERR_INVALID,
+                                "%s: model.input is [%lld, %lld, %lld] but %s has samples of "
+                                "[%lld, %lld, %lld]; set model.input to match the data%s",
+                                cfg->model.input_at[0] ? cfg->model.input_at : cfg->path,
+                                (long long)cfg->model.input[0], (long long)cfg->model.input[1],
+                                (long long)cfg->model.input[2], d->source, (long long)d->c,
+                                (long long)d->h, (long long)d->w,
+                                q ? " (the test split must have the training split's shape)"
+                                  : "");
+    }
+    return GP_OK;
+}
+
+gp_status gp_train_check_data(const gp_config *cfg)
+{
+    gp_dataset tr, te;
+    bool k1, k2;
+    GP_TRY(gp_dataset_peek(&cfg->data, true, &tr, &k1));
+    GP_TRY(gp_dataset_peek(&cfg->data, false, &te, &k2));
+    if (!k1 || !k2) return GP_OK;
+    te.n = te.n ? te.n : 1; /* (CIFAR's header is not read: a split of samples) */
+    GP_TRY(check_input_shape(cfg, &tr, &te));
+    return check_targets(cfg, &tr, &te);
+}
+
 /* Both splits loaded, of the model's input shape (evaluation uploads test
  * samples too), agreed between the ranks, and their targets checked. */
 static gp_status run_load_data(train_run *r)
@@ -1311,21 +1346,7 @@ static gp_status run_load_data(train_run *r)
         s = gp_image_folder_align_classes(test->folder, train->folder);
         if (s == GP_OK) test->classes = gp_image_folder_classes(test->folder);
     }
-    /* both splits: evaluation uploads test samples of the model's shape */
-    for (int q = 0; q < 2 && s == GP_OK; q++) {
-        const gp_dataset *d = q ? test : train;
-        if (q && d->n == 0) break;
-        if (d->c != cfg->model.input[0] || d->h != cfg->model.input[1] ||
-            d->w != cfg->model.input[2])
-            s = gp_error_set(GP_ERR_INVALID,
-                             "%s: model.input is [%lld, %lld, %lld] but %s has samples of "
-                             "[%lld, %lld, %lld]; set model.input to match the data%s",
-                             cfg->model.input_at[0] ? cfg->model.input_at : cfg->path,
-                             (long long)cfg->model.input[0],
-                             (long long)cfg->model.input[1], (long long)cfg->model.input[2],
-                             d->source, (long long)d->c, (long long)d->h, (long long)d->w,
-                             q ? " (the test split must have the training split's shape)" : "");
-    }
+    if (s == GP_OK) s = check_input_shape(cfg, train, test);
     /* A limit beyond a split keeps all of it: said, since the config reads
      * as N samples and the run trains on fewer (rank 0: every rank loads) */
     for (int q = 0; q < 2 && s == GP_OK && gp_procs_rank() == 0; q++) {
