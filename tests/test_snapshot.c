@@ -1076,6 +1076,49 @@ static void test_resume_changed_layers(void)
     }
 }
 
+/* A language model's options that shape no tensor: attention's heads, the
+ * context T (model.input), and where its first weights came from
+ * (model.init_from, which a resume does not read) are warned of when they
+ * differ from the snapshot's run; the same config resumes without a word
+ * (they loaded silently before 2026-12-01). */
+static void test_resume_changed_lm(void)
+{
+    char a[4096], cfg[300], lp[300];
+    snprintf(cfg, sizeof cfg, "%s/lm.yaml", tmpdir);
+    snprintf(lp, sizeof lp, "%s/log.txt", tmpdir);
+    const char *text = "model:\n  input: [8]\n  gpt: {layers: 1, heads: 2, width: 16, "
+                       "positions: 8, vocab: 11}\ndata: {dataset: synthetic}\n"
+                       "train: {batch_size: 4, seed: 3}\n";
+    gpt_write_file(cfg, text, strlen(text));
+    snprintf(a, sizeof a, "rm -rf %s/lm", tmpdir);
+    CHECK(system(a) == 0);
+    snprintf(a, sizeof a, "%s --set train.steps=2 --set train.snapshot.every_steps=2 "
+             "--set train.snapshot.dir=%s/lm", cfg, tmpdir);
+    CHECK(train(a) == 0);
+    static const struct {
+        const char *set, *warning; /* (NULL: none) */
+    } cases[] = {
+        {"", NULL},
+        {"--set model.gpt.heads=4", "has heads=4 kv_heads=4, the snapshot's run had heads=2 "
+                                    "kv_heads=2"},
+        {"--set model.input=[4]", "was made with model.input [8], this run has [4]"},
+        {"--set model.init_from=elsewhere.safetensors",
+         "model.init_from (elsewhere.safetensors) is not read"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        snprintf(a, sizeof a, "%s --set train.steps=3 %s --resume "
+                 "%s/lm/snapshot-000000002.safetensors", cfg, cases[c].set, tmpdir);
+        int rc = train(a);
+        char *log = gpt_read_file(lp, NULL);
+        bool warned = log && strstr(log, "warning:");
+        CHECK_MSG(rc == 0 && (cases[c].warning ? warned && strstr(log, cases[c].warning)
+                                               : !warned),
+                  "resume %s: exit %d, expected %s: %s", cases[c].set, rc,
+                  cases[c].warning ? cases[c].warning : "no warning", log ? log : "(no log)");
+        free(log);
+    }
+}
+
 /* Whether two weights files hold the same tensors, bit for bit. */
 static bool same_tensors(const char *a, const char *b)
 {
@@ -2343,6 +2386,7 @@ int main(void)
         test_resume_bf16();
         test_resume_other_placement();
         test_resume_changed_layers();
+        test_resume_changed_lm();
         test_failure_snapshot();
         test_resume_plain_sgd();
         test_resume_adam();

@@ -262,14 +262,47 @@ static const char *float_str(float v, char *buf, size_t len)
  * tensor's shape, "4 dropout p=0.2;6 leaky_relu slope=0.01"
  * (gpipe.layer_options): a resume compares them, since the tensors would
  * load into the changed model without a word. */
-static void layer_options(const gp_model *m, char *buf, size_t len)
+/* model.input as the config writes it: "1, 28, 28", or "128" for a
+ * language model's [T] (gpipe.input: a resume compares it). */
+static const char *input_str(const gp_config *cfg, char *buf, size_t len)
+{
+    const int64_t *in = cfg->model.input;
+    if (in[1] == 1 && in[2] == 1) snprintf(buf, len, "%lld", (long long)in[0]);
+    else snprintf(buf, len, "%lld, %lld, %lld", (long long)in[0], (long long)in[1],
+                  (long long)in[2]);
+    return buf;
+}
+
+/* Version 2 (gpipe.layer_options_version, 2026-12-01) adds attention's
+ * heads and rope's settings; a snapshot without it is compared as
+ * version 1 was written. */
+#define LAYER_OPTIONS_VERSION 2
+static void layer_options(const gp_model *m, int version, char *buf, size_t len)
 {
     size_t off = 0;
     buf[0] = '\0';
-    for (int k = 0; k < m->n_layers && off + 80 < len; k++) {
+    for (int k = 0; k < m->n_layers && off + 200 < len; k++) {
         const gp_layer_spec *sp = &m->layers[k].spec;
-        char opt[64], x[24], y[24];
+        char opt[160], x[24], y[24], z[24];
         switch (sp->type) {
+        case GP_LAYER_ATTENTION:
+            if (version < 2) continue;
+            snprintf(opt, sizeof opt, "heads=%lld kv_heads=%lld", (long long)sp->heads,
+                     (long long)(sp->kv_heads ? sp->kv_heads : sp->heads));
+            break;
+        case GP_LAYER_ROPE:
+            if (version < 2) continue;
+            snprintf(opt, sizeof opt, "heads=%lld kv_heads=%lld theta=%s", (long long)sp->heads,
+                     (long long)(sp->kv_heads ? sp->kv_heads : sp->heads),
+                     float_str(sp->rope_theta, x, 24));
+            if (sp->rope_llama3) {
+                size_t o = strlen(opt);
+                snprintf(opt + o, sizeof opt - o, " llama3 factor=%s low=%s high=%s orig=%lld",
+                         float_str(sp->rope_factor, x, 24), float_str(sp->rope_low_freq, y, 24),
+                         float_str(sp->rope_high_freq, z, 24),
+                         (long long)sp->rope_orig_positions);
+            }
+            break;
         case GP_LAYER_DROPOUT:
         case GP_LAYER_DROPOUT2D: snprintf(opt, sizeof opt, "p=%s", float_str(sp->p, x, 24)); break;
         case GP_LAYER_LEAKY_RELU:
@@ -375,15 +408,21 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
         char seed[32];
         snprintf(seed, sizeof seed, "%llu", (unsigned long long)cfg->train.seed);
         GP_TRY(gp_st_writer_meta(w, "gpipe.seed", seed));
-        char opts[4096];
-        layer_options(m, opts, sizeof opts);
+        char opts[8192];
+        layer_options(m, LAYER_OPTIONS_VERSION, opts, sizeof opts);
         GP_TRY(gp_st_writer_meta(w, "gpipe.layer_options", opts));
+        GP_TRY(meta_i64(w, "gpipe.layer_options_version", LAYER_OPTIONS_VERSION));
+        char in[96];
+        GP_TRY(gp_st_writer_meta(w, "gpipe.input", input_str(cfg, in, sizeof in)));
         GP_TRY(meta_i64(w, "gpipe.devices", cfg->pipeline.n_devices));
         GP_TRY(meta_i64(w, "gpipe.chunks", cfg->pipeline.chunks));
         GP_TRY(meta_i64(w, "gpipe.replicas", gp_pipeline_replicas(&cfg->pipeline)));
         GP_TRY(gp_st_writer_meta(w, "gpipe.config_path", cfg->path));
         GP_TRY(gp_st_writer_meta(w, "gpipe.config", cfg->text ? cfg->text : ""));
         GP_TRY(gp_st_writer_meta(w, "gpipe.overrides", cfg->overrides ? cfg->overrides : ""));
+        /* where the run's first weights came from ("": drawn): a resume
+         * with another model.init_from says it is not read */
+        GP_TRY(gp_st_writer_meta(w, "gpipe.init_from", cfg->model.init_from));
         if (pos->metrics) GP_TRY(gp_st_writer_meta(w, "gpipe.metrics_record", pos->metrics));
         /* model.init_from's config.json, where the sizes came from it: the
          * run resumes without that folder (gp_snapshot_hf_config) */
@@ -1941,7 +1980,7 @@ static int list_count(const char *list, char sep)
 static void warn_changed_layers(const gp_model *m, const gp_st_file *f, const char *path)
 {
     const char *was = gp_st_meta(f, "gpipe.layers");
-    char now[2048], a[96], b[96], where[400];
+    char now[2048], a[256], b[256], where[400];
     layer_types(m, now, sizeof now);
     if (was && strcmp(was, now)) {
         int n_was = list_count(was, ','), k = 0;
@@ -1960,8 +1999,10 @@ static void warn_changed_layers(const gp_model *m, const gp_st_file *f, const ch
     }
     const char *was_opts = gp_st_meta(f, "gpipe.layer_options");
     if (!was_opts) return;
-    char opts[4096];
-    layer_options(m, opts, sizeof opts);
+    char opts[8192];
+    int64_t version = 1;
+    (void)meta_int(f, "gpipe.layer_options_version", &version);
+    layer_options(m, (int)version, opts, sizeof opts);
     if (!strcmp(was_opts, opts)) return;
     int k = 0;
     while (!strcmp(list_item(was_opts, ';', k, a, sizeof a),
@@ -1993,6 +2034,22 @@ gp_status gp_snapshot_restore(gp_model *m, const gp_config *cfg, const char *pat
         GP_WARN("%s was made with train.seed = %s, this run has %s: the data order and dropout "
                 "masks from here on differ from the original run's", path, seed, mine);
     if (s == GP_OK) warn_changed_layers(m, &f, path);
+    /* another model.input: the same tensors (a Transformer's context T
+     * shapes none of them), another model and other samples per position */
+    const char *was_in = gp_st_meta(&f, "gpipe.input"); /* (absent before 2026-12-01) */
+    char now_in[96];
+    input_str(cfg, now_in, sizeof now_in);
+    if (s == GP_OK && was_in && strcmp(was_in, now_in))
+        GP_WARN("%s was made with model.input [%s], this run has [%s]: the snapshot's weights "
+                "now train on samples of another shape (the data's position in its epoch, "
+                "and a Transformer's context, no longer the original run's); put model.input "
+                "back to go on with the same one", path, was_in, now_in);
+    const char *init = gp_st_meta(&f, "gpipe.init_from"); /* (absent before 2026-12-01) */
+    if (s == GP_OK && init && cfg->model.init_from[0] && strcmp(init, cfg->model.init_from))
+        GP_WARN("model.init_from (%s) is not read: %s goes on from the weights of its run, "
+                "which started from %s; to start from %s, run afresh with another "
+                "train.snapshot.dir", cfg->model.init_from, path,
+                init[0] ? init : "fresh random weights", cfg->model.init_from);
     int64_t dev = 0, chunks = 0, reps = 1;
     int my_reps = gp_pipeline_replicas(&cfg->pipeline);
     (void)meta_int(&f, "gpipe.replicas", &reps); /* (absent before 2026-11-25: 1 assumed) */
@@ -2102,6 +2159,24 @@ static gp_status move_later_aside(const gp_snapshot_lock *lock, int64_t step)
     return GP_OK;
 }
 
+gp_status gp_snapshot_fresh_check(const gp_config *cfg, const char *resume)
+{
+    const gp_train_config *tc = &cfg->train;
+    bool snapping = tc->snapshot.every_steps > 0 || tc->snapshot.every_minutes > 0;
+    if (resume || !snapping || gp_snapshot_count(tc->snapshot.dir) == 0) return GP_OK;
+    if (cfg->model.init_from[0]) /* a fine-tune: resuming would not read init_from */
+        return gp_error_set(GP_ERR_INVALID,
+                            "'%s' already holds snapshots of an earlier run; to start from "
+                            "model.init_from (%s), set train.snapshot.dir to another directory "
+                            "(%s would go on from those snapshots' weights, not init_from's)",
+                            tc->snapshot.dir, cfg->model.init_from,
+                            gp_opt_name(GP_OPT_RESUME_LATEST));
+    return gp_error_set(GP_ERR_INVALID,
+                        "'%s' already holds snapshots of an earlier run; continue it with %s, "
+                        "or set train.snapshot.dir to another directory (a fresh run would mix "
+                        "with them)", tc->snapshot.dir, gp_opt_name(GP_OPT_RESUME_LATEST));
+}
+
 gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *resume,
                               int64_t train_n, const gp_snapshot_lock *lock, bool quiet,
                               gp_snapshot_pos *pos)
@@ -2111,12 +2186,7 @@ gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *res
     pos->batch_size = tc->batch_size;
     bool snapping = tc->snapshot.every_steps > 0 || tc->snapshot.every_minutes > 0;
     if (!resume) {
-        if (snapping && gp_snapshot_count(tc->snapshot.dir) > 0)
-            return gp_error_set(GP_ERR_INVALID,
-                                "'%s' already holds snapshots of an earlier run; continue it "
-                                "with %s, or set train.snapshot.dir to another directory (a "
-                                "fresh run would mix with them)", tc->snapshot.dir,
-                                gp_opt_name(GP_OPT_RESUME_LATEST));
+        GP_TRY(gp_snapshot_fresh_check(cfg, resume));
         if (cfg->model.init_from[0]) {
             GP_TRY(gp_snapshot_init_from(m, cfg->model.init_from));
             if (!quiet) GP_INFO("initial weights from %s", cfg->model.init_from);

@@ -67,6 +67,13 @@ gp_status gp_snapshot_open(const char *path, gp_st_file *f, gp_snapshot_pos *pos
  * directory says how to resume the newest snapshot in it, and --resume of
  * a file needs the file. */
 gp_status gp_snapshot_resume_check(const char *resume, const char *dir);
+/* A run that starts afresh (resume NULL) with snapshots on refuses a
+ * train.snapshot.dir that already holds snapshots (they would mix), saying
+ * how to go on: --resume latest, or, where the config starts from
+ * model.init_from (a fine-tune, which a resume would not read), another
+ * directory.  Checked before anything is made, and again when the run
+ * places its weights (gp_snapshot_prepare). */
+gp_status gp_snapshot_fresh_check(const gp_config *cfg, const char *resume);
 /* The newest snapshot in dir that verifies ("snapshot-<step>.safetensors");
  * broken ones are skipped with a warning.  GP_ERR_IO if there is none. */
 gp_status gp_snapshot_latest(const char *dir, char *path, size_t len);

@@ -1245,6 +1245,7 @@ static gp_status run_check_outputs(train_run *r)
         chk = gp_check_writable_file(opts->trace_path, gp_opt_name(GP_OPT_TRACE), false);
     if (chk == GP_OK && r->out.tb_dir) chk = gp_check_writable_dir(r->out.tb_dir, r->out.tb_what);
     if (chk == GP_OK) chk = gp_snapshot_resume_check(opts->resume_path, r->tc->snapshot.dir);
+    if (chk == GP_OK) chk = gp_snapshot_fresh_check(cfg, opts->resume_path);
     /* processes: no rank opens an output before every rank's are checked */
     chk = agree_phase(chk, "checking its outputs; nothing was written", r->res);
     if (chk != GP_OK) return chk;
