@@ -1117,6 +1117,18 @@ static void test_resume_changed_lm(void)
                   cases[c].warning ? cases[c].warning : "no warning", log ? log : "(no log)");
         free(log);
     }
+    /* the snapshot into another model under another optimizer: said as
+     * another model (it was "holds no Adam state", and after the optimizer
+     * was changed as told, "does not fit this model") */
+    make_config("lm-other.yaml", "");
+    snprintf(a, sizeof a, "%s/lm-other.yaml --set train.steps=3 --set 'train.optimizer={type: "
+             "adam, lr: 0.001}' --resume %s/lm/snapshot-000000002.safetensors", tmpdir, tmpdir);
+    int rc = train(a);
+    char *log = gpt_read_file(lp, NULL);
+    CHECK_MSG(rc == 2 && log && strstr(log, "does not fit this model") &&
+                  strstr(log, "check that the config describes that model") &&
+                  !strstr(log, "Adam"), "another model: exit %d: %s", rc, log ? log : "");
+    free(log);
 }
 
 /* Whether two weights files hold the same tensors, bit for bit. */

@@ -946,7 +946,8 @@ static gp_status names_mismatch(const gp_model *m, const gp_st_file *f, int expe
         extra->count ? "; not in the model: " : "",
         extra->count ? nl_str(extra, c, sizeof c) : "",
         types ? ". The file was made from the layers [" : "", types ? types : "",
-        types ? "]; check model.layers matches" : "", tie);
+        types ? "]; check that the config describes that model (model.layers, or the sizes "
+                "under model.gpt or model.llama)" : "", tie);
     free(missing->s);
     free(bad->s);
     free(extra->s);
@@ -976,6 +977,27 @@ static void untied_hint(const gp_model *m, const gp_st_file *f, naming nm, char 
         }
 }
 
+/* Whether the file holds every weight of the model under its name and
+ * shape (the optimizer's state aside). */
+static bool weights_fit(const gp_model *m, const gp_st_file *f, naming nm)
+{
+    namelist missing = {0}, bad = {0};
+    char name[256], first_old[512] = "";
+    int old = 0;
+    for (int k = 0; k < m->n_layers; k++)
+        for (int p = 0; p < m->layers[k].n_params; p++) {
+            const gp_param *pr = &m->layers[k].params[p];
+            const gp_st_tensor *t;
+            if (pr->tied) continue;
+            file_name(f, name, "", m, k, nm, pr->name, &old, first_old);
+            expect(f, name, GP_ST_F32, pr->value.ndim, pr->value.dims, &missing, &bad, &t);
+        }
+    bool fit = !missing.count && !bad.count;
+    free(missing.s);
+    free(bad.s);
+    return fit;
+}
+
 gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
 {
     /* Pass 1 checks every name and value; pass 2 uploads.  So a failed
@@ -987,6 +1009,10 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
     int expected = 0, old = 0;
     /* The model's own naming; a file by layer index loads too. */
     naming nm = file_naming(m, f);
+    /* the optimizer's state checked where the weights fit: a snapshot of
+     * another model is said as that, not as another optimizer's (which
+     * sent a user to change the optimizer, to be told then of the model) */
+    if (optimizer && !weights_fit(m, f, nm)) optimizer = false;
     if (optimizer) GP_TRY(check_optimizer_state(m, f));
     /* every name the model expects, for the names in the file it does not */
     nameset known = {0};
