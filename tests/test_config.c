@@ -426,6 +426,10 @@ static void test_errors(void)
               "t.yaml:10:3: unknown key 'chunks' in train; did you mean 'pipeline.chunks'?");
     CHECK_ERR(parse_bad(cat(k_base, "trian:\n  epochs: 3\n"), NULL, 0), GP_ERR_INVALID,
               "t.yaml:9:1: unknown key 'trian' at the top level; did you mean 'train'?");
+    /* a short word near no key of its section is no other section's key
+     * ("nope" is one letter from pipeline's "mode"): the section's keys */
+    CHECK_ERR(parse_bad(cat(k_base, "train:\n  nope: 3\n"), NULL, 0), GP_ERR_INVALID,
+              "t.yaml:10:3: unknown key 'nope' in train; the keys in train are: epochs, steps");
     /* a look-alike letter from another alphabet, or an invisible one: the
      * name looks right, so the message says which character is not ASCII */
     CHECK_ERR(parse_bad(cat(k_base, "tr\xd0\xb0in:\n  epochs: 3\n"), NULL, 0), GP_ERR_INVALID,

@@ -423,8 +423,10 @@ static gp_status unknown_key(const gp_cfg_walk *w, const gp_ynode *key, const ch
         const char *kids[64];
         int nk = schema_children(sect, kids, 64);
         gp_cfg_nearest(k, kids, nk, hint, sizeof hint);
-        if (!hint[0]) {
-            /* 3. a near miss anywhere (a misplaced, misspelt option) */
+        if (!hint[0] && strlen(k) >= 5) {
+            /* 3. a near miss anywhere (a misplaced, misspelt option); not
+             * for a short word, which is near too many keys of the schema
+             * to mean one ("nope" under train is not pipeline's "mode") */
             const char *lasts[MAX_SCHEMA];
             for (int i = 0; i < ns; i++) {
                 const char *last = strrchr(schema[i], '.');
