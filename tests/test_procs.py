@@ -490,6 +490,13 @@ def snapshots(tmp):
             "--set", "train.snapshot.keep=5"]
     rc, out = mpirun(2, [cfg, "--quiet", "--set", "train.steps=8"] + sets)
     check(rc == 0, "snapshots every 4 steps: " + out[-500:])
+    # one rank's part resumed as if a snapshot: named as a part, and the
+    # snapshot file that reads it
+    pf = os.path.join(d, "snapshot-000000004.parts", "rank1.safetensors")
+    rc, out = run([BIN, cfg, "--quiet", "--resume", pf])
+    check(rc == 3 and "one rank's part of snapshot %s" % os.path.join(
+              d, "snapshot-000000004.safetensors") in out,
+          "--resume of a part: exit %d: %s" % (rc, out[-500:]))
     # first a damaged part (one flipped byte in its data): the snapshot does
     # not verify, --resume latest passes over it
     pf = os.path.join(d, "snapshot-000000008.parts", "rank1.safetensors")

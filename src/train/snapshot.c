@@ -1141,7 +1141,14 @@ gp_status gp_snapshot_open(const char *path, gp_st_file *f, gp_snapshot_pos *pos
     gp_status s = GP_OK;
     const char *kind = gp_st_meta(f, "gpipe.kind");
     int64_t ver = 0;
-    if (!kind || strcmp(kind, "snapshot"))
+    /* one rank's part of a snapshot in processes ("S.parts/rankR.safetensors")
+     * carries no gpipe.kind: S is what resumes */
+    const char *parts = strstr(path, PARTS_SUFFIX "/rank");
+    if (!kind && parts)
+        s = gp_error_set(GP_ERR_DATA, "%s: one rank's part of snapshot %.*s.safetensors, not a "
+                         "snapshot itself: resume that file (it reads its parts)", path,
+                         (int)(parts - path), path);
+    else if (!kind || strcmp(kind, "snapshot"))
         s = gp_error_set(GP_ERR_DATA, "%s: not a gpipe snapshot (%s); to start from a weights "
                          "file use %s", path,
                          kind ? "it holds weights only" : "no gpipe.kind in its metadata",
