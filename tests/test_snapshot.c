@@ -272,6 +272,16 @@ static void test_fixture(void)
     memcpy(bad, file, n);
     bad[7] = 0x7f;
     CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, "header length");
+    /* what the file is instead, where its first bytes say: text (a config
+     * given where weights go), llm.c's model or token file */
+    static const char yaml[] = "model:\n  input: [8]\n  layers: [flatten]\n";
+    CHECK_ERR(gp_st_parse("t", (const uint8_t *)yaml, sizeof yaml - 1, &f), GP_ERR_DATA,
+              "it begins as text (a config or a script?), not as weights");
+    const int32_t llmc[4] = {20240326, 3, 8, 11}, tok[4] = {20240520, 1, 2, 0};
+    CHECK_ERR(gp_st_parse("t", (const uint8_t *)llmc, sizeof llmc, &f), GP_ERR_DATA,
+              "it is llm.c's GPT-2 model file (its magic number), which model.init_from reads");
+    CHECK_ERR(gp_st_parse("t", (const uint8_t *)tok, sizeof tok, &f), GP_ERR_DATA,
+              "it is an llm.c token file");
     memcpy(bad, file, n);
     bad[9] = '[';
     CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA,

@@ -339,6 +339,23 @@ static gp_status parse(const char *name, const uint8_t *buf, size_t len, size_t 
     return parse_buf(name, buf, NULL, len, file_len, out);
 }
 
+/* What a file that is no safetensors looks like from its first 8 bytes,
+ * for the message: llm.c's model file (its header's magic), or text (a
+ * config given where weights go); "" otherwise. */
+static const char *other_kind(const uint8_t *b)
+{
+    uint32_t magic = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+                     (uint32_t)b[3] << 24;
+    if (magic == 20240326u)
+        return "; it is llm.c's GPT-2 model file (its magic number), which model.init_from reads";
+    if (magic == 20240520u || magic == 20240801u)
+        return "; it is an llm.c token file (its magic number), which data.path reads";
+    int text = 0;
+    for (int k = 0; k < 8; k++)
+        text += (b[k] >= 0x20 && b[k] < 0x7f) || b[k] == '\n' || b[k] == '\t' || b[k] == '\r';
+    return text == 8 ? "; it begins as text (a config or a script?), not as weights" : "";
+}
+
 /* parse, the image being `own` (malloc'd: taken, freed on failure) where
  * given, else a copy of buf. */
 static gp_status parse_buf(const char *name, const uint8_t *buf, uint8_t *own, size_t len,
@@ -356,8 +373,8 @@ static gp_status parse_buf(const char *name, const uint8_t *buf, uint8_t *own, s
                                        "the 8-byte header length", name, len);
     else if (hl > GP_ST_MAX_HEADER || hl > len - 8)
         s0 = gp_error_set(GP_ERR_DATA, "%s: not a safetensors file (or truncated): header "
-                                       "length %llu but the file has %zu bytes", name,
-                          (unsigned long long)hl, len);
+                                       "length %llu but the file has %zu bytes%s", name,
+                          (unsigned long long)hl, len, other_kind(buf));
     else if (hl < 2 || buf[8] != '{')
         s0 = gp_error_set(GP_ERR_DATA, "%s: not a safetensors file: the header does not "
                                        "start with '{'", name);
@@ -465,8 +482,8 @@ gp_status gp_st_read_header(const char *path, gp_st_file *out)
     if (hl > GP_ST_MAX_HEADER || hl > file_len - 8) {
         fclose(f);
         return gp_error_set(GP_ERR_DATA, "%s: not a safetensors file (or truncated): header "
-                            "length %llu but the file has %zu bytes", path,
-                            (unsigned long long)hl, file_len);
+                            "length %llu but the file has %zu bytes%s", path,
+                            (unsigned long long)hl, file_len, other_kind(lb));
     }
     uint8_t *buf = malloc(8 + hl);
     if (!buf) {
