@@ -919,8 +919,11 @@ gp_status gp_gpt_export_check(const gp_wmodel *m, gp_weights_format fmt, bool tr
     for (int q = 0; q < 3; q++)
         if (!gp_weights_has(m, names[q], NULL, NULL))
             return gp_error_set(GP_ERR_INVALID, "%s needs a GPT-2 whose layers are named as "
-                                "Hugging Face's modules (docs/config.md, \"GPT-2's weights\"), "
-                                "but this model has no tensor '%s'", f, names[q]);
+                                "Hugging Face's modules (docs/config.md, \"GPT-2's weights\")%s, "
+                                "but this model has no tensor '%s'%s", f,
+                                fmt == GP_WEIGHTS_HF ? " or a Llama (model.llama)" : "", names[q],
+                                fmt == GP_WEIGHTS_HF ? "" : "; a Llama exports with "
+                                "--export-format hf, any model with gpipe");
     for (int k = 0; k < m->n_layers; k++) {
         const char *ln = m->layers[k].spec.name;
         if (m->layers[k].n_params > 0 && strncmp(ln, TX, strlen(TX)) && strcmp(ln, "lm_head") &&
