@@ -2003,11 +2003,12 @@ static gp_status final_evaluation(train_run *r)
     warn_eval_not_finite(res->test_loss, res->final_loss, &r->eval_nan_said);
     if (!r->opts->quiet && r->test.tokens) /* a language model: per token, in its units */
         GP_INFO("final: validation loss %.4f nats per token (%.4f bits), next-token accuracy "
-                "%.2f%% after %lld steps", res->test_loss, res->test_loss / log(2.0),
-                100 * res->test_accuracy, (long long)res->steps);
+                "%.2f%% after %lld step%s", res->test_loss, res->test_loss / log(2.0),
+                100 * res->test_accuracy, (long long)res->steps, res->steps == 1 ? "" : "s");
     else if (!r->opts->quiet)
-        GP_INFO("final: test loss %.4f, test accuracy %.2f%% after %lld steps",
-                res->test_loss, 100 * res->test_accuracy, (long long)res->steps);
+        GP_INFO("final: test loss %.4f, test accuracy %.2f%% after %lld step%s",
+                res->test_loss, 100 * res->test_accuracy, (long long)res->steps,
+                res->steps == 1 ? "" : "s");
     if (r->out.metrics || r->out.tb) {
         metrics_eval(&r->out.record, res->steps, r->last_epoch + 1, res->test_loss,
                      res->test_accuracy, true);
@@ -2170,16 +2171,18 @@ static void print_bubble(const train_run *r, const gp_profile *prof, const gp_si
         snprintf(sched, sizeof sched, "file %s", cfg->pipeline.schedule_path);
     else
         snprintf(sched, sizeof sched, "%s", gp_schedule_kind_name(cfg->pipeline.schedule));
+    int m = cfg->pipeline.chunks;
     if (isfinite(res->bubble_simulated))
-        GP_INFO("pipeline bubble %.1f%% over %lld step%s (schedule %s, %d micro-batches); the "
+        GP_INFO("pipeline bubble %.1f%% over %lld step%s (schedule %s, %d micro-batch%s); the "
                 "simulator's for this split, from the cached profile: %.1f%%",
                 100 * res->bubble, (long long)r->bub_steps, r->bub_steps == 1 ? "" : "s", sched,
-                cfg->pipeline.chunks, 100 * res->bubble_simulated);
+                m, m == 1 ? "" : "es", 100 * res->bubble_simulated);
     else
-        GP_INFO("pipeline bubble %.1f%% over %lld step%s (schedule %s, %d micro-batches); no "
+        GP_INFO("pipeline bubble %.1f%% over %lld step%s (schedule %s, %d micro-batch%s); no "
                 "profile of this model is cached to simulate it (a run with balance: auto "
-                "keeps one; gpipe-balance --simulate simulates every schedule)", 100 * res->bubble, (long long)r->bub_steps,
-                r->bub_steps == 1 ? "" : "s", sched, cfg->pipeline.chunks);
+                "keeps one; gpipe-balance --simulate simulates every schedule)",
+                100 * res->bubble, (long long)r->bub_steps, r->bub_steps == 1 ? "" : "s", sched,
+                m, m == 1 ? "" : "es");
     if (isfinite(res->bubble_simulated)) suggest_setup(r, prof, sim);
 }
 
