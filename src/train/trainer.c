@@ -621,6 +621,20 @@ static gp_status stop_between_steps(gp_model *m, const gp_config *cfg, const gp_
     if (s != GP_OK)
         return gp_error_wrap(s, "stopped at step %lld by %s, but the final snapshot failed",
                              (long long)step, by);
+    /* snapshots off, and the run was to export its weights: the weights
+     * it has are written there rather than lost (nothing else holds them) */
+    if (!on && o->export_path && step > saved) {
+        s = gp_gpt_export(m, cfg, o->export_path, (gp_weights_format)o->export_format);
+        if (s == GP_OK)
+            return gp_error_set(GP_ERR_STOPPED, "stopped at step %lld of %lld by %s; snapshots "
+                                "are off, so the weights of step %lld (not the %lld the run was "
+                                "to train) are written to %s '%s' rather than lost (set "
+                                "train.snapshot.every_steps for a run that can go on)",
+                                (long long)step, (long long)total, by, (long long)step,
+                                (long long)total, gp_opt_name(GP_OPT_EXPORT), o->export_path);
+        snprintf(unwritten, sizeof unwritten, "; %s '%s' failed too: %s",
+                 gp_opt_name(GP_OPT_EXPORT), o->export_path, gp_error_message());
+    }
     if (!on)
         return gp_error_set(GP_ERR_STOPPED, "stopped at step %lld of %lld by %s; nothing saved "
                             "since step %lld (snapshots are off: set train.snapshot.every_steps "
@@ -2223,6 +2237,13 @@ static gp_status run_finish(train_run *r)
     if (s != GP_OK || converted) return s;
     if ((s = stop_after_last_step(r)) != GP_OK) return s;
     if ((s = final_evaluation(r)) != GP_OK) return s;
+    /* a stop asked during the final evaluation: the run is done (the tool
+     * said "stopping after the current step", and nothing after it did) */
+    char sb[32];
+    int late = stop_asked(r->opts);
+    if (late && !r->opts->quiet)
+        GP_INFO("%s came during the final evaluation, after the last step: the run is complete",
+                signal_name(late, sb, sizeof sb));
     r->res->seconds = gp_now() - r->t_start;
     report_peaks(r);
     report_bubble(r);
