@@ -296,8 +296,11 @@ static void test_misuse(void)
     unsigned seed = 5;
     make_batch(&seed, x, y, N);
     double l, a;
-    CHECK_ERR(gp_run_prepare(NULL), GP_ERR_INVALID, "NULL");
-    CHECK(gp_run_step(NULL, x, y, N, 0, NULL) == GP_ERR_INVALID);
+    CHECK_ERR(gp_run_prepare(NULL), GP_ERR_INVALID, "gp_run_prepare: the run is NULL");
+    /* named as the caller calls it, not by the library's own functions */
+    CHECK_ERR(gp_run_step(NULL, x, y, N, 0, NULL), GP_ERR_INVALID, "gp_run_step: the run is NULL");
+    gp_decoder *dec = NULL;
+    CHECK_ERR(gp_decoder_open(NULL, 1, &dec), GP_ERR_INVALID, "gp_decoder_open: the run is NULL");
     CHECK(gp_run_evaluate(NULL, x, y, N, &l, &a) == GP_ERR_INVALID);
     CHECK(gp_run_train(NULL, NULL, NULL) == GP_ERR_INVALID);
     CHECK(gp_run_export_weights(NULL, "w") == GP_ERR_INVALID);

@@ -36,7 +36,7 @@ struct gp_run {
 /* The checks every call on a run makes first. */
 #define RUN_ARG(r)                                                                     \
     do {                                                                               \
-        if (!(r)) return gp_error_set(GP_ERR_INVALID, "%s: the run is NULL", __func__); \
+        if (!(r)) return gp_error_set(GP_ERR_INVALID, "gp_%s: the run is NULL", __func__); \
     } while (0)
 
 /* The caller's batch: inputs, targets and at least one sample. */
@@ -626,7 +626,7 @@ gp_status gp_run_predict(gp_run *r, const float *x, int64_t n, float *out)
     CALLER_THREADS(run_predict(r, x, n, out));
 }
 
-static gp_status run_decoder_open(gp_run *r, int64_t samples, gp_decoder **out)
+static gp_status decoder_open(gp_run *r, int64_t samples, gp_decoder **out)
 {
     RUN_ARG(r);
     if (!out) return gp_error_set(GP_ERR_INVALID, "gp_decoder_open: out is NULL");
@@ -638,7 +638,7 @@ static gp_status run_decoder_open(gp_run *r, int64_t samples, gp_decoder **out)
 
 gp_status gp_decoder_open(gp_run *r, int64_t samples, gp_decoder **out)
 {
-    CALLER_THREADS(run_decoder_open(r, samples, out));
+    CALLER_THREADS(decoder_open(r, samples, out));
 }
 
 gp_status gp_run_export_weights(gp_run *r, const char *path)
