@@ -467,9 +467,6 @@ static int run_sampler(const sample_opts *o)
         gp_run_free(s.run);
         return gp_status_exit_code(st);
     }
-    if (info.fresh && !o->quiet)
-        fputs("gpipe-sample: note: no weights given (--resume, --weights or the config's "
-              "model.init_from): sampling from the fresh, untrained weights\n", stderr);
     s.T = info.input_numel;
     s.Vp = info.target_numel == s.T && s.T > 0 ? info.output_numel / s.T : 0;
     /* a padded vocabulary's logits past V are no tokens: drawn among V */
@@ -481,6 +478,9 @@ static int run_sampler(const sample_opts *o)
         gp_run_free(s.run);
         return EXIT_USAGE;
     }
+    if (info.fresh && !o->quiet)
+        fputs("gpipe-sample: note: no weights given (--resume, --weights or the config's "
+              "model.init_from): sampling from the fresh, untrained weights\n", stderr);
     s.S = o->samples;
     int64_t room = (int64_t)strlen(o->prompt ? o->prompt : o->prompt_ids) + 1, np = 0;
     int64_t *prompt = malloc((size_t)room * sizeof *prompt);
