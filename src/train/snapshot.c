@@ -1277,7 +1277,10 @@ gp_status gp_snapshot_latest(const char *dir, char *path, size_t len)
     }
     free(steps);
     return gp_error_set(GP_ERR_IO, "no complete snapshot in '%s'%s", dir,
-                        n ? " (every one there failed to verify; see the warnings)" :
+                        n ? " (every one there failed to verify; see the warnings): a "
+                            "damaged file cannot be resumed; start the run again without "
+                            "--resume, into an empty train.snapshot.dir (the damaged files "
+                            "stay where they are, to look at)" :
                             "; nothing to resume (a run takes snapshots with "
                             "train.snapshot.every_steps or every_minutes, and one stopped "
                             "before its first leaves none: start it again without resuming)");
