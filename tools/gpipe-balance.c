@@ -254,11 +254,13 @@ static gp_status check_profile_sizes(const gp_profile *p, const char *path, int6
 
 /* --write and --profile-out are checked before profiling (which takes
  * seconds to minutes), so a bad path fails at once; nothing is left behind.
- * Neither may replace what the run reads (the config, --profile-in) nor
- * name the other's file: one would be lost (as gpipe-train refuses a
- * --metrics or --trace that names its config). */
+ * Neither may replace what the run reads (the config, --profile-in, and
+ * once the config is loaded, cfg given: its schedule file and its
+ * dataset's files) nor name the other's file: one would be lost (as
+ * gpipe-train refuses a --metrics or --trace that names its config; a
+ * --write over the CSV a config ran replaced it, then failed to load). */
 static gp_status check_outputs(const char *write_path, const char *prof_out, const char *config,
-                               const char *prof_in, const char *sched_out)
+                               const char *prof_in, const char *sched_out, const gp_config *cfg)
 {
     const struct {
         const char *path, *opt;
@@ -273,6 +275,13 @@ static gp_status check_outputs(const char *write_path, const char *prof_out, con
         if (prof_in && gp_same_file(o, prof_in))
             return gp_error_set(GP_ERR_INVALID, "%s %s is the --profile-in it reads: give the "
                                 "output another name", outs[q].opt, o);
+        if (cfg && gp_same_file(o, cfg->pipeline.schedule_path))
+            return gp_error_set(GP_ERR_INVALID, "%s %s is the schedule file the config reads "
+                                "(pipeline.schedule.file): give the output another name",
+                                outs[q].opt, o);
+        if (cfg && gp_dataset_reads(&cfg->data, o))
+            return gp_error_set(GP_ERR_INVALID, "%s %s is a file of the config's dataset "
+                                "(data.path): give the output another name", outs[q].opt, o);
     }
     for (int a = 0; a < 3; a++)
         for (int b = a + 1; b < 3; b++)
@@ -282,30 +291,6 @@ static gp_status check_outputs(const char *write_path, const char *prof_out, con
     /* (all written beside and renamed over) */
     for (int q = 0; q < 3; q++)
         if (outs[q].path) GP_TRY(gp_check_writable_file(outs[q].path, outs[q].opt, true));
-    return GP_OK;
-}
-
-/* The same outputs against what the loaded config reads besides itself:
- * a schedule file (pipeline.schedule: {file: ..}) and the dataset's files
- * (a --write over the CSV it was given replaced it, then failed to load). */
-static gp_status check_outputs_config(const gp_config *cfg, const char *write_path,
-                                      const char *prof_out, const char *sched_out)
-{
-    const struct {
-        const char *path, *opt;
-    } outs[3] = {{write_path, "--write"}, {prof_out, "--profile-out"},
-                 {sched_out, "--write-schedule"}};
-    for (int q = 0; q < 3; q++) {
-        const char *o = outs[q].path;
-        if (!o) continue;
-        if (gp_same_file(o, cfg->pipeline.schedule_path))
-            return gp_error_set(GP_ERR_INVALID, "%s %s is the schedule file the config reads "
-                                "(pipeline.schedule.file): give the output another name",
-                                outs[q].opt, o);
-        if (gp_dataset_reads(&cfg->data, o))
-            return gp_error_set(GP_ERR_INVALID, "%s %s is a file of the config's dataset "
-                                "(data.path): give the output another name", outs[q].opt, o);
-    }
     return GP_OK;
 }
 
@@ -699,7 +684,7 @@ int main(int argc, char **argv)
     /* its own notes and warnings on stderr follow GPIPE_LOG as the
      * library's do (-q: neither) */
     const bool notes = gp_log_enabled(GP_LOG_INFO), warns = gp_log_enabled(GP_LOG_WARN);
-    gp_status cs = config ? check_outputs(write_path, prof_out, config, prof_in, sched_out)
+    gp_status cs = config ? check_outputs(write_path, prof_out, config, prof_in, sched_out, NULL)
                           : GP_OK;
     if (cs != GP_OK) {
         fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());
@@ -772,7 +757,7 @@ int main(int argc, char **argv)
         free(sets);
         return gp_status_exit_code(s);
     }
-    if ((s = check_outputs_config(&cfg, write_path, prof_out, sched_out)) != GP_OK) {
+    if ((s = check_outputs(write_path, prof_out, config, prof_in, sched_out, &cfg)) != GP_OK) {
         fprintf(stderr, "gpipe-balance: %s\n", gp_last_error());
         gp_config_free(&cfg);
         free(sets);

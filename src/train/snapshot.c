@@ -978,7 +978,10 @@ static void untied_hint(const gp_model *m, const gp_st_file *f, naming nm, char 
 }
 
 /* Whether the file holds every weight of the model under its name and
- * shape (the optimizer's state aside). */
+ * shape (the optimizer's state aside).  Only then is the state checked: a
+ * snapshot of another model is said as that, not as another optimizer's
+ * (which sent a user to change the optimizer, to be told then of the
+ * model). */
 static bool weights_fit(const gp_model *m, const gp_st_file *f, naming nm)
 {
     namelist missing = {0}, bad = {0};
@@ -1009,9 +1012,7 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
     int expected = 0, old = 0;
     /* The model's own naming; a file by layer index loads too. */
     naming nm = file_naming(m, f);
-    /* the optimizer's state checked where the weights fit: a snapshot of
-     * another model is said as that, not as another optimizer's (which
-     * sent a user to change the optimizer, to be told then of the model) */
+    /* the state checked where the weights fit (another model said as that: weights_fit) */
     if (optimizer && !weights_fit(m, f, nm)) optimizer = false;
     if (optimizer) GP_TRY(check_optimizer_state(m, f));
     /* every name the model expects, for the names in the file it does not */
