@@ -224,11 +224,15 @@ static gp_status place_layers(const gp_config *cfg, gp_device *const *devs, int 
 
 int gp_model_optim_shards(const gp_config *cfg)
 {
-    int R = gp_pipeline_replicas(&cfg->pipeline);
-    if (R <= 1 || gp_model_building_inference()) return 1;
+    return gp_model_optim_shards_for(cfg, gp_pipeline_replicas(&cfg->pipeline));
+}
+
+int gp_model_optim_shards_for(const gp_config *cfg, int replicas)
+{
+    if (replicas <= 1 || gp_model_building_inference()) return 1;
     for (int k = 0; k < cfg->model.n_layers; k++)
         if (cfg->model.layers[k].tie[0]) return 1; /* (gp_optim_shardable: no tied weights) */
-    return R;
+    return replicas;
 }
 
 gp_optim_opts gp_model_optim_opts(const gp_config *cfg)

@@ -160,7 +160,7 @@ static bool plan_one(const gp_config *cfg, const gp_profile *base, int N, int n,
     int R = N / n, v = gp_schedule_stages_per_device(kind, 2), S = n * v;
     gp_profile p = *base; /* (a shallow copy: the replica's batch and state split) */
     p.batch = (B + R - 1) / R;
-    p.optim_shards = R;
+    p.optim_shards = gp_model_optim_shards_for(cfg, R); /* (1 for tied weights, as a run) */
     gp_model_profile_keep(cfg, keep, &p); /* (the layers' flags: this candidate's keep) */
     /* the plan's options as a run of this layout takes them, free-running,
      * split by time alone and its memory checked after: the memory-bound

@@ -115,6 +115,9 @@ gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, in
  * whole (one replica, tied weights, inference).  What --dry-run, the
  * memory checks and the planner count. */
 int gp_model_optim_shards(const gp_config *cfg);
+/* The same for `replicas` replicas of cfg's model (the planner's layouts;
+ * it counted R ways for a tied model, whose run keeps its state whole). */
+int gp_model_optim_shards_for(const gp_config *cfg, int replicas);
 /* The same as data-parallel replica `replica` of `replicas` whose updates
  * are sharded: its optimizer keeps only that chunk of each state (ZeRO
  * stage 1, gp_optim_create_sharded). */
