@@ -687,7 +687,11 @@ static void test_suggest_setup(void)
                          at 1.39x) */
             CHECK_MSG(said && !strstr(said, " with checkpoint always ") &&
                           strstr(said, " and 4 micro-batches (a step of ") &&
-                          strstr(said, "suggest.yaml --simulate"),
+                          /* the command: the tool beside gpipe-train, the config and
+                           * the run's own --set (it named the config alone) */
+                          strstr(said, "/gpipe-balance ") &&
+                          strstr(said, "suggest.yaml --set 'pipeline.checkpoint={mode: "
+                                       "always, keep: [flatten]}' --simulate`"),
                       "checkpoint always: a mode that recomputes less named: %.2000s", out);
             /* a placement of two stages a device names its split */
             bool two = said && (strstr(said, "schedule zb-v ") ||

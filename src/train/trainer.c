@@ -13,6 +13,7 @@
 #include "core/json.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -2130,6 +2131,57 @@ static void suggest_two_a_device(const gp_config *cfg, const gp_profile *prof, i
     }
 }
 
+/* The gpipe-balance to name in advice: the one beside this program where
+ * there is one (a checkout's build/, said relative to the working directory
+ * when it is under it), else by name (installed, on PATH). */
+static const char *balance_tool(char *buf, size_t len)
+{
+    char exe[PATH_MAX], cwd[PATH_MAX];
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    snprintf(buf, len, "gpipe-balance");
+    if (k <= 0) return buf;
+    exe[k] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (!slash) return buf;
+    *slash = '\0';
+    char tool[PATH_MAX + 16];
+    snprintf(tool, sizeof tool, "%s/gpipe-balance", exe);
+    if (access(tool, X_OK) != 0) return buf;
+    size_t n = getcwd(cwd, sizeof cwd) ? strlen(cwd) : 0;
+    const char *path = getenv("PATH");
+    char on_path[PATH_MAX + 2];
+    snprintf(on_path, sizeof on_path, ":%s:", exe);
+    char paths[8192];
+    snprintf(paths, sizeof paths, ":%s:", path ? path : "");
+    if (strstr(paths, on_path)) return buf; /* installed: by name */
+    if (n && !strncmp(exe, cwd, n) && exe[n] == '/')
+        snprintf(buf, len, "%s/gpipe-balance", exe + n + 1);
+    else
+        snprintf(buf, len, "%s", tool);
+    return buf;
+}
+
+/* "gpipe-balance CONFIG --set K=V ..." for advice: the config with the run's
+ * own overrides, so that it names the model and the devices the run had
+ * (it named the config alone: a run on 2 devices set by --set was advised
+ * a command that balanced 1). */
+static const char *balance_command(const gp_config *cfg, char *buf, size_t len)
+{
+    char tool[PATH_MAX + 16];
+    size_t off = (size_t)snprintf(buf, len, "%s %s", balance_tool(tool, sizeof tool), cfg->path);
+    for (const char *o = cfg->overrides; o && *o && off < len;) {
+        const char *e = strchr(o, '\n');
+        size_t l = e ? (size_t)(e - o) : strlen(o);
+        char one[1024], q[1200];
+        snprintf(one, sizeof one, "%.*s", (int)(l < sizeof one ? l : sizeof one - 1), o);
+        if (one[0])
+            off += (size_t)snprintf(buf + off, len - off, " %s",
+                                    gp_opt_value(GP_OPT_SET, one, q, sizeof q));
+        o = e ? e + 1 : o + l;
+    }
+    return buf;
+}
+
 static void suggest_setup(const train_run *r, const gp_profile *prof, const gp_sim_result *own)
 {
     const gp_config *cfg = r->cfg;
@@ -2165,13 +2217,14 @@ static void suggest_setup(const train_run *r, const gp_profile *prof, const gp_s
                             best.balance[j]);
         snprintf(split + off, sizeof split - (size_t)off, "] (balance: auto's for it)");
     }
+    char cmd[4096];
     GP_INFO("the simulator, from this run's profile, puts schedule %s with checkpoint %s%s at "
             "%.2fx this run's throughput on %s and %d micro-batches (a step of %.1f ms against "
-            "%.1f); `gpipe-balance %s --simulate` compares every schedule, checkpoint mode and "
-            "micro-batch count, and its --write writes the config",
+            "%.1f); `%s --simulate` compares every schedule, checkpoint mode and micro-batch "
+            "count, and its --write writes the config",
             gp_schedule_kind_name(b->schedule), gp_checkpoint_mode_name(b->checkpoint), keep,
             b->throughput / own->throughput, split, pc->chunks, 1e3 * b->step, 1e3 * own->step,
-            cfg->path);
+            balance_command(cfg, cmd, sizeof cmd));
 }
 
 /* report_bubble's lines: the measured bubble beside the simulated one, and
@@ -3132,11 +3185,11 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
     /* device of each layer, by its stage (m.dev_of) */
     for (int j = 0, f0 = 0; j < m.n_stages; f0 += m.balance[j++])
         for (int k = f0; k < f0 + m.balance[j]; k++) m.layers[k].dev = devs[m.dev_of[j]];
-    if (flops_split)
+    char cmd[4096];
+    if (flops_split) /* (--devices: devices, not stages: a V or interleaved run has more) */
         fprintf(f, "balance: auto; shown split by estimated FLOPs (a run profiles each layer "
-                   "first and may split otherwise: gpipe-balance %s --devices %d prints that "
-                   "split)\n", cfg0->path, n); /* devices, not stages: a V or
-                                                   interleaved run has more */
+                   "first and may split otherwise: %s --devices %d prints that split)\n",
+                balance_command(cfg0, cmd, sizeof cmd), n);
     fprintf(f, "model: %d layers, input %lld x %lld x %lld, batch %lld, on %d device%s%s%s%s\n",
             m.n_layers, (long long)cfg->model.input[0], (long long)cfg->model.input[1],
             (long long)cfg->model.input[2], (long long)cfg->train.batch_size, n,
