@@ -938,11 +938,63 @@ def _check_merge_output(out, paths):
                          "first to replace it")
 
 
+def _last_step(events):
+    """The last step marker's step in a trace's events (None: none)."""
+    steps = [e.get("args", {}).get("step") for e in events
+             if isinstance(e, dict) and e.get("ph") == "i" and isinstance(e.get("args"), dict)]
+    steps = [k for k in steps if isinstance(k, int)]
+    return max(steps) if steps else None
+
+
+# Ranks of one run open their traces together, just after an exchange every
+# rank takes part in (0.3 ms apart on rank 0's clock, each file's
+# clock_offset_s applied, in a 2-rank run here); traces of two runs, started
+# one after the other, open at least a run's start-up apart (21 s for two
+# 3-step runs of configs/default.yaml).
+MERGE_ORIGINS_APART_S = 5.0
+
+
+def _check_one_run(paths, files, ranks):
+    """The traces are the ranks of one run: rank 0's first, each rank once,
+    of one count of ranks, the same steps, and clocks that start together.
+    A trace of another run merged in gave a 'step' of 8 s and a bubble of
+    0.998 without a word; ranks left out are said."""
+    rank0, total, last0 = ranks[0]
+    if rank0 not in (None, 0):
+        raise TraceError(paths[0], "is rank %d's trace; rank 0's comes first (its time axis "
+                         "is the merged one's)" % rank0)
+    seen = {}
+    for path, (rank, count, last) in zip(paths, ranks):
+        if count is not None and total is not None and count != total:
+            raise TraceError(path, "is a trace of a run of %d ranks, %s one of %d: traces of "
+                             "different runs; merge the ranks of one run"
+                             % (count, paths[0], total))
+        if rank is not None and rank in seen:
+            raise TraceError(path, "is rank %d's trace, as %s is: give each rank's trace once"
+                             % (rank, seen[rank]))
+        seen[rank] = path
+        if last is not None and last0 is not None and last != last0:
+            raise TraceError(path, "ends at step %d, %s at step %d: traces of different runs "
+                             "(or of other --trace-steps); merge the ranks of one run"
+                             % (last, paths[0], last0))
+    for path, zero, _ in files[1:]:
+        if abs(zero - files[0][1]) > MERGE_ORIGINS_APART_S:
+            raise TraceError(path, "began %.1f s %s %s on rank 0's clock; the ranks of one run "
+                             "begin together: traces of different runs; merge the ranks of one "
+                             "run" % (abs(zero - files[0][1]),
+                                      "after" if zero > files[0][1] else "before", paths[0]))
+    if total is not None and len(paths) < total:
+        print("timeline.py: warning: %d of the run's %d ranks merged (%s): the devices of the "
+              "others are not in the output" % (len(paths), int(total),
+                                               ", ".join(str(int(r)) for r in sorted(seen)
+                                                         if r is not None)), file=sys.stderr)
+
+
 def merge(out, paths):
     """The ranks' traces -> one trace on rank 0's time axis (see the module
     docstring); returns the number of events written."""
     _check_merge_output(out, paths)
-    files = []
+    files, ranks = [], []
     for path in paths:
         data = _read_bytes(path)
         events, cut, _ = _decode(path, data)
@@ -955,6 +1007,9 @@ def merge(out, paths):
             print("timeline.py: %s: warning: cut off; merging its %d complete events"
                   % (path, len(events)), file=sys.stderr)
         files.append((path, origin - (_head_number(head, "clock_offset_s") or 0.0), events))
+        ranks.append((_head_number(head, "rank"), _head_number(head, "ranks"),
+                      _last_step(events)))
+    _check_one_run(paths, files, ranks)
     ref = files[0][1]
     owner, merged = {}, []
     for q, (path, zero, events) in enumerate(files):

@@ -643,6 +643,41 @@ def test_bad_inputs(tmp, trace):
                 "old.json", "no otherData.origin_s", "merge of a trace without its origin")
     check_fails(["merge", os.path.join(d, "m.json"), trace, trace], trace,
                 "is also in", "merge of one trace twice")
+
+    # the ranks of one run, and only those: rank 0's first, one count of
+    # ranks, each rank once, the same steps, clocks that begin together (a
+    # rank of another run merged in gave a step of 8 s and a bubble of 0.998)
+    def rank_trace(name, rank, ranks, origin, steps):
+        ev = [{"name": "process_name", "ph": "M", "pid": rank,
+               "args": {"name": "cpu:%d (stage %d)" % (rank, rank)}}]
+        for k in range(steps):
+            ev.append({"name": "step %d" % k, "ph": "i", "pid": 0, "s": "g",
+                       "ts": 1000.0 * k, "tid": 0, "args": {"step": k}})
+            ev.append({"name": "F0 s%d" % rank, "ph": "X", "pid": rank, "tid": 0,
+                       "ts": 1000.0 * k + 10 * rank, "dur": 5.0, "args": {"step": k}})
+        head = {"producer": "gpipe", "origin_s": origin, "rank": rank, "ranks": ranks,
+                "clock_offset_s": 0.0}
+        return put(name, json.dumps({"displayTimeUnit": "ms", "otherData": head,
+                                     "traceEvents": ev}, indent=1).encode())
+    r0 = rank_trace("r0.json", 0, 2, 100.0, 3)
+    r1 = rank_trace("r0.rank1.json", 1, 2, 100.0003, 3)
+    rc, out, err = run_script(["merge", os.path.join(d, "ok.json"), r0, r1])
+    check(rc == 0 and "2 traces" in out and err == "", "merge of one run's two ranks: %d %s %s"
+          % (rc, out, err))
+    rc, out, err = run_script(["merge", os.path.join(d, "part.json"), r0])
+    check(rc == 0 and "warning: 1 of the run's 2 ranks merged (0)" in err,
+          "a rank left out is said: %d %s" % (rc, err))
+    m = os.path.join(d, "mix.json")
+    check_fails(["merge", m, r1, r0], "r0.rank1.json", "is rank 1's trace; rank 0's comes first",
+                "merge with rank 1 first")
+    check_fails(["merge", m, r0, rank_trace("c3.json", 1, 3, 100.0, 3)], "c3.json",
+                "a run of 3 ranks", "merge of ranks of runs of 2 and 3 ranks")
+    check_fails(["merge", m, r0, r1, rank_trace("again.json", 1, 2, 100.0, 3)], "again.json",
+                "is rank 1's trace, as", "merge of rank 1 twice")
+    check_fails(["merge", m, r0, rank_trace("short.json", 1, 2, 100.0, 2)], "short.json",
+                "ends at step 1", "merge of a run of other steps")
+    check_fails(["merge", m, r0, rank_trace("late.json", 1, 2, 121.0, 3)], "late.json",
+                "began 21.0 s after", "merge of a rank of a later run")
     # the output forgotten ('merge r0.json r1.json'): a rank's trace there is
     # not overwritten, and an output that is one of the traces is refused
     with open(trace, "rb") as f:
