@@ -38,9 +38,9 @@ static void usage(FILE *f)
           "                     timing, fast); both: time, and also show the size split\n"
           "  --simulate         predict step time, bubble, throughput and peak memory for\n"
           "                     every schedule (gpipe, 1f1b, zb-h1, zb-v, dualpipe-v,\n"
-          "                     interleaved with 2\n"
-          "                     stages per device, and with the config's pipeline.virtual\n"
-          "                     if that is more), checkpoint mode and m in 1,2,4,..32,\n"
+          "                     v-half, v-min, interleaved with 2 stages per device,\n"
+          "                     and with the config's pipeline.virtual if that is\n"
+          "                     more), checkpoint mode and m in 1,2,4,..32,\n"
           "                     and recommend the one with the least peak memory within\n"
           "                     5% of the best throughput that fits every device\n"
           "  --write OUT.yaml   write the config with pipeline.balance (one entry per stage:\n"
@@ -310,8 +310,8 @@ static gp_status write_schedule(const char *path, const gp_config *cfg, gp_sched
     gp_schedule_free(&sc);
     if (s == GP_OK)
         printf("\nwrote %s: schedule %s, %d devices x %d stage%s, %d micro-batches (pipeline."
-               "schedule: {file: %s} runs it)\n", path, gp_schedule_kind_name(kind), n, v,
-               v == 1 ? "" : "s", m, path);
+               "schedule: {file: %s} runs it on %d devices with pipeline.chunks: %d)\n", path,
+               gp_schedule_kind_name(kind), n, v, v == 1 ? "" : "s", m, path, n, m);
     return s;
 }
 
