@@ -134,6 +134,26 @@ static void test_cli_errors(void)
     CHECK_MSG(strstr(out, idxfile) && strstr(out, "note: data: ") &&
                   strstr(out, "train-images-idx3-ubyte.gz: bad magic number") &&
                   strstr(out, "(a run would stop there)"), "output: %s", out);
+    /* CIFAR-10's shape is fixed, its records counted from the files' sizes:
+     * a model of another input is noted without reading a sample */
+    char cifar[600], batch[700];
+    snprintf(cifar, sizeof cifar, "%s/cifar", tmpdir);
+    CHECK(mkdir(cifar, 0755) == 0);
+    static char record[3073]; /* one record each */
+    for (int k = 0; k <= 5; k++) {
+        if (k) snprintf(batch, sizeof batch, "%s/data_batch_%d.bin", cifar, k);
+        else snprintf(batch, sizeof batch, "%s/test_batch.bin", cifar);
+        FILE *cf = fopen(batch, "wb");
+        CHECK(cf && fwrite(record, sizeof record, 1, cf) == 1);
+        if (cf) fclose(cf);
+    }
+    snprintf(cmd, sizeof cmd, "%s %s --dry-run --set data.dataset=cifar10 --set data.path=%s",
+             bin, nodata, cifar);
+    CHECK(run(cmd, out, sizeof out) == 0);
+    char cifar_said[900];
+    snprintf(cifar_said, sizeof cifar_said, "but cifar10 train split (%s) has samples of "
+             "[3, 32, 32]; set model.input to match the data (a run would stop there)", cifar);
+    CHECK_MSG(strstr(out, "note: data: ") && strstr(out, cifar_said), "output: %s", out);
     snprintf(cmd, sizeof cmd, "%s %s --dry-run --set data.dataset=synthetic", bin, nodata);
     CHECK(run(cmd, out, sizeof out) == 0);
     CHECK_MSG(strstr(out, "data: synthetic, made from the seed\n"), "output: %s", out);
@@ -276,9 +296,9 @@ static void test_cli_errors(void)
              "memory: 32MiB}]' --set 'pipeline.balance=[2, 1]'", bin, huge);
     rc_huge = run(cmd, out, sizeof out);
     CHECK_MSG(rc_huge == 4 && strstr(out, "total: 26218800010 parameters") &&
-                  strstr(out, "--set pipeline.devices=[cpu:0, {name: cpu:1, memory: 32MiB}]: cpu:1's "
-                              "stages hold 45.8 MiB of weights, gradients and momentum alone, "
-                              "more than its memory of 32.0 MiB"),
+                  strstr(out, "--set pipeline.devices=[cpu:0, {name: cpu:1, memory: 32MiB}]: "
+                              "cpu:1's stages hold 45.8 MiB of weights, gradients and momentum "
+                              "alone, more than its memory of 32.0 MiB"),
               "cpu:1 cannot hold its linear: exit %d, %s", rc_huge, out);
     /* the summary first, the error last, though stdout is a pipe here */
     CHECK_MSG(strstr(out, ": cpu:1's stages") > strstr(out, "total: 26218800010"),
@@ -927,6 +947,24 @@ static void test_outputs_spare_schedule_and_data(void)
                       strstr(out, "is a file of the config's dataset"),
                   "gpipe-balance %s onto a dataset file: %s", bopts[o], out);
     }
+    /* nor the weights model.init_from reads: gpipe-balance --write replaced
+     * them with YAML (gpipe-train already refused; one check serves both,
+     * gp_config_input_of) */
+    char w[600];
+    snprintf(w, sizeof w, "%s/spare-init.safetensors", tmpdir);
+    snprintf(cmd, sizeof cmd, "%s %s -q --export-weights %s", bin, cfg, w);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0, "output: %s", out);
+    size_t w0 = 0, w1 = 0;
+    char *wbefore = gpt_read_file(w, &w0);
+    snprintf(cmd, sizeof cmd, "%s %s -q --reps 1 --set model.init_from=%s --write %s",
+             balance_bin, cfg, w, w);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 && !strstr(out, "profiling") &&
+                  strstr(out, "is the weights the config reads (model.init_from)"),
+              "gpipe-balance --write onto model.init_from: %s", out);
+    char *wafter = gpt_read_file(w, &w1);
+    CHECK(wbefore && wafter && w0 == w1 && w0 > 0 && !memcmp(wbefore, wafter, w0));
+    free(wbefore);
+    free(wafter);
     /* a file beside the data is no dataset file: a new one, and the same
      * again (replaced by a second run) */
     for (int k = 0; k < 2; k++) {

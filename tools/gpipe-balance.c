@@ -255,8 +255,8 @@ static gp_status check_profile_sizes(const gp_profile *p, const char *path, int6
 /* --write and --profile-out are checked before profiling (which takes
  * seconds to minutes), so a bad path fails at once; nothing is left behind.
  * Neither may replace what the run reads (the config, --profile-in, and
- * once the config is loaded, cfg given: its schedule file and its
- * dataset's files) nor name the other's file: one would be lost (as
+ * once the config is loaded, cfg given: its own inputs, gp_config_input_of)
+ * nor name the other's file: one would be lost (as
  * gpipe-train refuses a --metrics or --trace that names its config; a
  * --write over the CSV a config ran replaced it, then failed to load). */
 static gp_status check_outputs(const char *write_path, const char *prof_out, const char *config,
@@ -275,13 +275,15 @@ static gp_status check_outputs(const char *write_path, const char *prof_out, con
         if (prof_in && gp_same_file(o, prof_in))
             return gp_error_set(GP_ERR_INVALID, "%s %s is the --profile-in it reads: give the "
                                 "output another name", outs[q].opt, o);
-        if (cfg && gp_same_file(o, cfg->pipeline.schedule_path))
-            return gp_error_set(GP_ERR_INVALID, "%s %s is the schedule file the config reads "
-                                "(pipeline.schedule.file): give the output another name",
-                                outs[q].opt, o);
-        if (cfg && gp_dataset_reads(&cfg->data, o))
-            return gp_error_set(GP_ERR_INVALID, "%s %s is a file of the config's dataset "
-                                "(data.path): give the output another name", outs[q].opt, o);
+        static const char *const reads[] = {
+            [GP_CONFIG_READS_INIT_FROM] = "the weights the config reads (model.init_from)",
+            [GP_CONFIG_READS_SCHEDULE] = "the schedule file the config reads "
+                                         "(pipeline.schedule.file)",
+            [GP_CONFIG_READS_DATASET] = "a file of the config's dataset (data.path)"};
+        gp_config_reads in = cfg ? gp_config_input_of(cfg, o) : GP_CONFIG_READS_NONE;
+        if (in != GP_CONFIG_READS_NONE)
+            return gp_error_set(GP_ERR_INVALID, "%s %s is %s: give the output another name",
+                                outs[q].opt, o, reads[in]);
     }
     for (int a = 0; a < 3; a++)
         for (int b = a + 1; b < 3; b++)

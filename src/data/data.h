@@ -81,7 +81,7 @@ gp_status gp_dataset_locate(const gp_data_config *cfg, char *where, size_t len);
 /* A split's sample shape and classes without reading its samples, for
  * --dry-run's check against the model: an IDX dataset's header (c 1, h, w,
  * n; classes 10, the least its labels give), CIFAR-10's fixed 3 x 32 x 32
- * and 10 classes; *known false for the kinds only a read tells (image
+ * and 10 classes (n from its files' sizes); *known false for the kinds only a read tells (image
  * folders, tokens, synthetic).  out holds no samples (nothing to free). */
 gp_status gp_dataset_peek(const gp_data_config *cfg, bool train_split, gp_dataset *out,
                           bool *known);

@@ -235,6 +235,15 @@ int gp_model_optim_shards_for(const gp_config *cfg, int replicas)
     return replicas;
 }
 
+gp_config_reads gp_config_input_of(const gp_config *cfg, const char *out)
+{
+    if (!out || !out[0]) return GP_CONFIG_READS_NONE;
+    if (gp_path_overlaps(out, cfg->model.init_from)) return GP_CONFIG_READS_INIT_FROM;
+    if (gp_path_overlaps(out, cfg->pipeline.schedule_path)) return GP_CONFIG_READS_SCHEDULE;
+    if (gp_dataset_reads(&cfg->data, out)) return GP_CONFIG_READS_DATASET;
+    return GP_CONFIG_READS_NONE;
+}
+
 gp_optim_opts gp_model_optim_opts(const gp_config *cfg)
 {
     const gp_optim_config *o = &cfg->train.optim;

@@ -115,6 +115,18 @@ gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, in
  * whole (one replica, tied weights, inference).  What --dry-run, the
  * memory checks and the planner count. */
 int gp_model_optim_shards(const gp_config *cfg);
+/* Which of cfg's own inputs, besides the config file, writing `out` would
+ * replace: model.init_from (a file, or one its folder is made of:
+ * gp_path_overlaps), the schedule file (pipeline.schedule: {file: ..}), or
+ * a file the dataset reads (gp_dataset_reads); GP_CONFIG_READS_NONE where
+ * none.  The one check behind gpipe-train's and gpipe-balance's outputs. */
+typedef enum gp_config_reads {
+    GP_CONFIG_READS_NONE,
+    GP_CONFIG_READS_INIT_FROM,
+    GP_CONFIG_READS_SCHEDULE,
+    GP_CONFIG_READS_DATASET
+} gp_config_reads;
+gp_config_reads gp_config_input_of(const gp_config *cfg, const char *out);
 /* The same for `replicas` replicas of cfg's model (the planner's layouts;
  * it counted R ways for a tied model, whose run keeps its state whole). */
 int gp_model_optim_shards_for(const gp_config *cfg, int replicas);

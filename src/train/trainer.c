@@ -1030,28 +1030,39 @@ static gp_status check_outputs_spare_inputs(const gp_config *cfg, const gp_train
                       {tb_what, tb_dir}}; /* (a directory: the same name is a clash too) */
     char reads[80];
     snprintf(reads, sizeof reads, "the snapshot %s reads", gp_opt_name(GP_OPT_RESUME));
-    enum { N_INS = 4 };
     const struct {
         const char *what, *path;
-    } ins[N_INS] = {{"the config", cfg->path},
-                    {reads, opts->resume_path},
-                    {"model.init_from", cfg->model.init_from},
-                    {"pipeline.schedule.file", cfg->pipeline.schedule_path}};
+    } ins[2] = {{"the config", cfg->path}, {reads, opts->resume_path}};
     const char *snap_dir = cfg->train.snapshot.dir;
     for (int o = 0; o < N_OUTS; o++) {
         const char *out = outs[o].path;
         if (!out || !out[0]) continue;
-        for (int k = 0; k < N_INS; k++)
-            if (gp_path_overlaps(out, ins[k].path)) /* a folder's members too */
-                return gp_error_set(GP_ERR_INVALID, "%s %s is %s (%s), or a file of it: "
-                                    "writing it would replace what the run reads; give the "
-                                    "output another name", outs[o].opt, out, ins[k].what,
-                                    ins[k].path);
-        if (gp_dataset_reads(&cfg->data, out))
+        const char *what = NULL, *path = NULL;
+        for (int k = 0; k < 2 && !what; k++)
+            if (gp_path_overlaps(out, ins[k].path)) { /* a folder's members too */
+                what = ins[k].what;
+                path = ins[k].path;
+            }
+        switch (what ? GP_CONFIG_READS_NONE : gp_config_input_of(cfg, out)) {
+        case GP_CONFIG_READS_NONE: break;
+        case GP_CONFIG_READS_INIT_FROM:
+            what = "model.init_from";
+            path = cfg->model.init_from;
+            break;
+        case GP_CONFIG_READS_SCHEDULE:
+            what = "pipeline.schedule.file";
+            path = cfg->pipeline.schedule_path;
+            break;
+        case GP_CONFIG_READS_DATASET:
             return gp_error_set(GP_ERR_INVALID, "%s %s is a file of the dataset (data.path: "
                                 "%s): writing it would replace what the run reads; give the "
                                 "output another name", outs[o].opt, out,
                                 cfg->data.path[0] ? cfg->data.path : "its default folder");
+        }
+        if (what)
+            return gp_error_set(GP_ERR_INVALID, "%s %s is %s (%s), or a file of it: "
+                                "writing it would replace what the run reads; give the "
+                                "output another name", outs[o].opt, out, what, path);
         for (int q = 0; q < o; q++)
             if (same_path(out, outs[q].path))
                 return gp_error_set(GP_ERR_INVALID, "%s and %s name the same file (%s); give "
@@ -1345,7 +1356,6 @@ gp_status gp_train_check_data(const gp_config *cfg)
     GP_TRY(gp_dataset_peek(&cfg->data, true, &tr, &k1));
     GP_TRY(gp_dataset_peek(&cfg->data, false, &te, &k2));
     if (!k1 || !k2) return GP_OK;
-    te.n = te.n ? te.n : 1; /* (CIFAR's header is not read: a split of samples) */
     GP_TRY(check_input_shape(cfg, &tr, &te));
     return check_targets(cfg, &tr, &te);
 }
