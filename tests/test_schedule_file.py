@@ -229,6 +229,11 @@ def main():
                 ["rank 0", ":1:", "'5SEND_F0'", "no stage 5"])
         variant("send_no_mb", lambda r: r[0].append("0SEND_F9"),
                 ["rank 0", ":1:", "'0SEND_F9'", "no micro-batch 9", "0 .. 3"])
+        # a forward of a micro-batch past the others' (a typo: 0F9 for 0F1):
+        # named as such, not as micro-batch 4's missing forward
+        variant("mb_gap", lambda r: r[0].insert(1, "0F9"),
+                ["rank 0", ":1:", "'0F9'", "no computation names micro-batch 4",
+                 "mistyped"])
         # a row longer than any schedule's (7 actions a stage and micro-batch)
         variant("long_row", lambda r: r[0].extend(["0F0"] * 7 * 1024 * 64),
                 ["rank 0", ":1:", "more than 458752 actions in one row"])

@@ -318,10 +318,13 @@ static int rank_at(const gp_schedule_file *f, int j)
 static gp_status check_once(gp_schedule_file *f, placed *pl)
 {
     int S = f->stages, m = 0;
+    const gp_sact *last = NULL; /* the first computation naming the largest micro-batch */
     for (int r = 0; r < f->n; r++) /* (the computations': a send's is checked against it) */
         for (int q = 0; q < f->len[r]; q++)
-            if (comp_of(f->acts[r][q].kind) >= 0 && f->acts[r][q].mb + 1 > m)
+            if (comp_of(f->acts[r][q].kind) >= 0 && f->acts[r][q].mb + 1 > m) {
                 m = f->acts[r][q].mb + 1;
+                last = &f->acts[r][q];
+            }
     if (m > GP_MAX_CHUNKS)
         return gp_error_set(GP_ERR_DATA, "%s: micro-batch %d; at most %d micro-batches", f->path,
                             m - 1, GP_MAX_CHUNKS);
@@ -363,7 +366,16 @@ static gp_status check_once(gp_schedule_file *f, placed *pl)
                                     "stage %d, which also has a whole backward (B): give B, or "
                                     "I and W", at(f, a, w, sizeof w), a->mb, a->stage);
         }
-    for (int i = 0; i < m; i++)
+    for (int i = 0; i < m; i++) {
+        bool named = false; /* by any computation: numbering with a gap is a typo's mark */
+        for (int j = 0; j < S; j++)
+            for (int k = 0; k < N_KINDS; k++) named |= *cell(pl, i, j, k) >= 0;
+        char w[400];
+        if (!named)
+            return gp_error_set(GP_ERR_DATA, "%s: micro-batch %d, where no computation names "
+                                "micro-batch %d: micro-batches are numbered 0 .. m-1 with none "
+                                "left out (a mistyped number?)", at(f, last, w, sizeof w),
+                                last->mb, i);
         for (int j = 0; j < S; j++) {
             int fw = *cell(pl, i, j, F_), b = *cell(pl, i, j, B_), ii = *cell(pl, i, j, I_),
                 ww = *cell(pl, i, j, W_);
@@ -378,6 +390,7 @@ static gp_status check_once(gp_schedule_file *f, placed *pl)
                                     f->path, f->row_line[r], r, what, i, j, m - 1);
             if (ii >= 0) f->split = true;
         }
+    }
     return GP_OK;
 }
 
