@@ -1141,6 +1141,48 @@ static void test_resume_changed_lm(void)
     free(log);
 }
 
+/* A resume whose learning-rate schedule goes on at another rate than the
+ * snapshot's run would have (a cosine stretched by more steps, another
+ * base rate) is warned of with both rates; the same schedule resumes
+ * without a word. */
+static void test_resume_lr_jump(void)
+{
+    char a[4096], cfg[300], lp[300];
+    snprintf(cfg, sizeof cfg, "%s/lm.yaml", tmpdir); /* (test_resume_changed_lm's) */
+    snprintf(lp, sizeof lp, "%s/log.txt", tmpdir);
+    snprintf(a, sizeof a, "rm -rf %s/lr", tmpdir);
+    CHECK(system(a) == 0);
+    snprintf(a, sizeof a, "%s --set train.steps=4 --set train.snapshot.every_steps=2 "
+             "--set 'train.schedule={type: cosine, warmup_steps: 1}' "
+             "--set train.snapshot.dir=%s/lr", cfg, tmpdir);
+    CHECK(train(a) == 0);
+    static const struct {
+        const char *set, *warning; /* (NULL: none) */
+    } cases[] = {
+        {"--set train.steps=4 --set 'train.schedule={type: cosine, warmup_steps: 1}'", NULL},
+        {"--set train.steps=8 --set 'train.schedule={type: cosine, warmup_steps: 1}'",
+         "the run now has 8 steps in all where the snapshot's had 4"},
+        {"--set train.steps=4 --set 'train.schedule={type: cosine, warmup_steps: 1}' "
+         "--set train.optimizer.lr=0.5", "train.lr or train.schedule differs"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        snprintf(a, sizeof a, "%s %s --resume %s/lr/snapshot-000000002.safetensors", cfg,
+                 cases[c].set, tmpdir);
+        int rc = train(a);
+        char *log = gpt_read_file(lp, NULL);
+        bool warned = log && strstr(log, "warning:");
+        CHECK_MSG(rc == 0 && (cases[c].warning ? warned && strstr(log, cases[c].warning) &&
+                                                     strstr(log, "resumed at step 3 with "
+                                                                 "learning rate")
+                                               : !warned),
+                  "resume %s: exit %d, expected %s: %s", cases[c].set, rc,
+                  cases[c].warning ? cases[c].warning : "no warning", log ? log : "(no log)");
+        free(log);
+    }
+    /* (a constant rate over a longer run, the same rate: test_resume_changed_lm's
+     * resumes, 2 steps to 3, without a warning) */
+}
+
 /* Whether two weights files hold the same tensors, bit for bit. */
 static bool same_tensors(const char *a, const char *b)
 {
@@ -2409,6 +2451,7 @@ int main(void)
         test_resume_other_placement();
         test_resume_changed_layers();
         test_resume_changed_lm();
+        test_resume_lr_jump();
         test_failure_snapshot();
         test_resume_plain_sgd();
         test_resume_adam();

@@ -405,6 +405,12 @@ static gp_status collect(gp_model *m, const gp_config *cfg, const gp_snapshot_po
         GP_TRY(meta_i64(w, "gpipe.epoch", pos->epoch));
         GP_TRY(meta_i64(w, "gpipe.batch", pos->batch));
         GP_TRY(meta_i64(w, "gpipe.batch_size", pos->batch_size));
+        if (pos->total > 0) {
+            char lr[40];
+            snprintf(lr, sizeof lr, "%.17g", gp_lr_at(&cfg->train, pos->step, pos->total));
+            GP_TRY(meta_i64(w, "gpipe.total_steps", pos->total));
+            GP_TRY(gp_st_writer_meta(w, "gpipe.lr_next", lr));
+        }
         char seed[32];
         snprintf(seed, sizeof seed, "%llu", (unsigned long long)cfg->train.seed);
         GP_TRY(gp_st_writer_meta(w, "gpipe.seed", seed));
@@ -1172,6 +1178,13 @@ gp_status gp_snapshot_open(const char *path, gp_st_file *f, gp_snapshot_pos *pos
                        pos->batch > ((int64_t)1 << 40) || pos->batch_size > (1 << 24)))
         s = gp_error_set(GP_ERR_DATA, "%s: the snapshot's position (gpipe.step, epoch, batch, "
                          "batch_size) is missing or malformed", path);
+    /* the schedule's place (absent before 2026-12-01 and from gp_run_save) */
+    const char *lr = s == GP_OK ? gp_st_meta(f, "gpipe.lr_next") : NULL;
+    char *end = NULL;
+    pos->lr = lr ? strtod(lr, &end) : 0;
+    if (!lr || end == lr || *end || !meta_int(f, "gpipe.total_steps", &pos->total) ||
+        pos->total < 1 || !isfinite(pos->lr))
+        pos->total = 0;
     if (s != GP_OK) gp_st_free(f);
     return s;
 }

@@ -32,6 +32,12 @@ typedef struct gp_snapshot_pos {
     int64_t step;               /* optimizer steps done */
     int64_t epoch, batch;       /* the loader's next batch */
     int64_t batch_size;         /* to map the position if the batch size changed */
+    /* The run's length in steps and the learning rate its step `step`
+     * takes ("gpipe.total_steps", "gpipe.lr_next"): a resume whose schedule
+     * goes on at another rate says so.  total 0: not known (gp_run_save,
+     * files before 2026-12-01), nothing written or compared. */
+    int64_t total;
+    double lr;
     /* The --metrics record of step `step` that its file could not take (a
      * full disk, ulimit -f), kept in the snapshot ("gpipe.metrics_record")
      * for the run that resumes it to write again.  gp_snapshot_save reads

@@ -1500,6 +1500,30 @@ static gp_status run_start_loader(train_run *r)
     return s;
 }
 
+/* A resumed run whose learning rate goes on from another value than the
+ * snapshot's run would have taken next (train.steps raised under a cosine
+ * schedule stretches the decay: the rate jumps back up), said once with
+ * both rates and the likely cause.  Deliberate changes are common (a new
+ * rate, a longer run): a warning, not a refusal. */
+static void warn_lr_jump(const train_run *r)
+{
+    const gp_snapshot_pos *p = &r->saves.pos;
+    int64_t step = r->mp->step;
+    if (!r->opts->resume_path || p->total < 1 || step >= r->total) return;
+    double now = gp_lr_at(r->tc, step, r->total);
+    if (fabs(now - p->lr) <= 1e-6 * fmax(fabs(now), fabs(p->lr))) return;
+    char why[200];
+    if (p->total != r->total)
+        snprintf(why, sizeof why, "the run now has %lld steps in all where the snapshot's had "
+                 "%lld (train.steps, or train.epochs), and its schedule depends on the run's "
+                 "length", (long long)r->total, (long long)p->total);
+    else
+        snprintf(why, sizeof why, "train.lr or train.schedule differs from the snapshot's run");
+    GP_WARN("resumed at step %lld with learning rate %.6g where the snapshot's run would have "
+            "gone on at %.6g: %s. As intended if changed on purpose; to go on as that run "
+            "would have, give it its train settings back", (long long)step + 1, now, p->lr, why);
+}
+
 /* The run's length, warnings about it, and what it is about to train
  * (quiet keeps the warnings: warnings and errors are always said). */
 static void run_plan(train_run *r)
@@ -1510,6 +1534,7 @@ static void run_plan(train_run *r)
     gp_model *mp = r->mp;
     int64_t per_epoch = r->per_epoch = gp_loader_batches_per_epoch(r->loader);
     int64_t total = r->total = gp_train_total_steps(tc, per_epoch);
+    warn_lr_jump(r);
     if (r->drop_rest)
         GP_WARN("each epoch's last %lld sample%s (%lld %% %lld) %s fewer than pipeline.chunks "
                 "x replicas = %lld: that partial batch is dropped", (long long)r->rest,
@@ -1822,7 +1847,7 @@ static gp_status take_step(train_run *r, train_step *t)
      * one after b. */
     gp_snapshot_pos *pos = &r->saves.pos;
     *pos = (gp_snapshot_pos){.step = step + 1, .epoch = t->b.epoch, .batch = t->b.index + 1,
-                             .batch_size = tc->batch_size};
+                             .batch_size = tc->batch_size, .total = r->total};
     if (pos->batch >= r->per_epoch) {
         pos->epoch++;
         pos->batch = 0;
