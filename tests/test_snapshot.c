@@ -1238,6 +1238,24 @@ static void test_failure_snapshot(void)
     CHECK_MSG(same_tensors(whole, resumed),
               "resumed from the failure snapshot: the weights differ from the uninterrupted "
               "run's");
+    /* a failure in the run's first step: nothing trained, nothing saved, and
+     * the message names no snapshot (it named snapshot-000000000, never
+     * written) and does not advise --resume latest, snapshots on or off */
+    for (int on = 0; on < 2; on++) {
+        snprintf(a, sizeof a, "%s/f.yaml --set train.snapshot.every_steps=%d "
+                 "--set train.snapshot.dir=%s/f0", tmpdir, on ? 100 : 0, tmpdir);
+        setenv("GPIPE_TEST_FAIL_STEP", "0", 1);
+        rc = train(a);
+        unsetenv("GPIPE_TEST_FAIL_STEP");
+        log = gpt_read_file(lp, NULL);
+        CHECK_MSG(rc == 4 && log && strstr(log, "injected fault") &&
+                      strstr(log, "stopped at step 0, before this run trained a step: nothing "
+                                  "to save; run the same command again once that is fixed") &&
+                      !strstr(log, "--resume") && !strstr(log, "snapshot-000000000"),
+                  "a failure in the first step (snapshots %s): exit %d, %s", on ? "on" : "off",
+                  rc, log ? log : "(no log)");
+        free(log);
+    }
 }
 
 /* ---- one run per directory ------------------------------------------------------------ */

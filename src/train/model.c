@@ -806,6 +806,8 @@ gp_status gp_model_pipeline_step_one(gp_model *m, const gp_config *cfg, const fl
         GP_TRY(gp_pipeline_create(m->layers, m->n_layers, &m->input, m->n_stages, m->devs,
                                   m->balance, &po, &m->pipe));
     }
+    if (m->fail_next) gp_pipeline_set_fault(m->pipe, 0, 0, GP_INSTR_FORWARD);
+    m->fail_next = false;
     gp_pipeline_out po;
     gp_pipeline_set_device_time(m->pipe, m->device_time);
     gp_status s = gp_pipeline_step(m->pipe, x, y, n, cfg->train.seed, (uint64_t)m->step, lr, &po);

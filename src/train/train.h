@@ -77,6 +77,8 @@ typedef struct gp_model {
     gp_optim *optim;       /* optimizer state and update, owned */
     bool inference;        /* built for inference only: no gradients (gp_model_build_inference) */
     int64_t step;          /* optimizer steps taken */
+    bool fail_next;        /* test hook (GPIPE_TEST_FAIL_STEP): the next pipelined step
+                              fails in stage 0's first forward, as a device error there */
     bool refused;          /* the last step failed before any commit or update
                               (before the pipeline's barrier: out of memory,
                               a bad label, a device error; at its CLIP:

@@ -600,7 +600,19 @@ static gp_status final_snapshot(gp_model *m, const gp_config *cfg, int64_t step,
         if (s != GP_OK) return name_saved(cfg, s, saved);
     }
     gp_snapshot_path(snc->dir, step, path, len);
+    /* stopped before this run trained a step, and no snapshot of its first
+     * step here (a fresh run's step 0, or one resumed from elsewhere):
+     * nothing holds it, and nothing needs to (path "") */
+    if (saved == step && access(path, F_OK) != 0) path[0] = '\0';
     return GP_OK;
+}
+
+/* Stopped before this run trained a step, with no snapshot of its first
+ * step: a message naming a snapshot, or "nothing saved since step 0",
+ * would point at a file that is not there. */
+static bool stopped_untrained(bool on, const char *path, int64_t step, int64_t saved)
+{
+    return step == saved && !(on && path[0]);
 }
 
 /* Stopped between steps after `step` steps, `pos` being the loader's place
@@ -622,6 +634,10 @@ static gp_status stop_between_steps(gp_model *m, const gp_config *cfg, const gp_
     if (s != GP_OK)
         return gp_error_wrap(s, "stopped at step %lld by %s, but the final snapshot failed",
                              (long long)step, by);
+    if (stopped_untrained(on, path, step, saved))
+        return gp_error_set(GP_ERR_STOPPED, "stopped at step %lld of %lld by %s, before this run "
+                            "trained a step: nothing to save; run the same command again%s",
+                            (long long)step, (long long)total, by, unwritten);
     /* snapshots off, and the run was to export its weights: the weights
      * it has are written there rather than lost (nothing else holds them) */
     if (!on && o->export_path && step > saved) {
@@ -671,6 +687,10 @@ static gp_status failure_snapshot(gp_model *m, const gp_config *cfg, gp_status e
     if (s != GP_OK)
         return gp_error_wrap(s, "%s; stopped at step %lld, and the final snapshot failed", msg,
                              (long long)step);
+    if (stopped_untrained(on, path, step, saved))
+        return gp_error_set(err, "%s; stopped at step %lld, before this run trained a step: "
+                            "nothing to save; run the same command again once that is fixed",
+                            msg, (long long)step);
     if (!on)
         return gp_error_set(err, "%s; stopped at step %lld, nothing saved since step %lld "
                             "(snapshots are off: set train.snapshot.every_steps to keep a run's "
@@ -1814,8 +1834,8 @@ static gp_status take_step(train_run *r, train_step *t)
     /* test hook (tests/test_snapshot.c): GPIPE_TEST_FAIL_STEP=N fails step
      * N (0-based) in stage 0's first forward, as a device error there
      * would */
-    if (r->fail_step >= 0 && step == r->fail_step && mp->pipe)
-        gp_pipeline_set_fault(mp->pipe, 0, 0, GP_INSTR_FORWARD);
+    if (r->fail_step >= 0 && step == r->fail_step && mp->n_replicas <= 1 && mp->n_stages > 1)
+        mp->fail_next = true;
     gp_status s = gp_model_pipeline_step(mp, r->cfg, t->b.x, t->b.y, t->b.n, t->lr, &t->st);
     /* processes: only this rank's device is counted here */
     for (int j = 0; j < r->dev.n; j++) {
