@@ -9,6 +9,7 @@
 #include <errno.h>
 
 #include <dirent.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -197,6 +198,34 @@ static void test_shapes_and_errors(void)
     CHECK(!strcmp(gp_last_error(), "layer 3: bad 42"));
     CHECK(!strcmp(gp_status_name(GP_ERR_OOM), "out-of-memory"));
     CHECK(!strcmp(gp_status_name(GP_ERR_STOPPED), "stopped"));
+    /* under an address-space limit (a finite one far above what this
+     * process maps, sanitizers' shadow included): host memory refused names
+     * it once, however often the message is set again from itself (it was
+     * said three times), and a thread that cannot start names it too */
+    struct rlimit was, lim;
+    CHECK(getrlimit(RLIMIT_AS, &was) == 0);
+    lim = was;
+    lim.rlim_cur = (rlim_t)1 << 62;
+    if (was.rlim_cur == RLIM_INFINITY && (was.rlim_max == RLIM_INFINITY ||
+                                          was.rlim_max >= lim.rlim_cur)) {
+        CHECK(setrlimit(RLIMIT_AS, &lim) == 0);
+        gp_error_set(GP_ERR_OOM, "out of host memory");
+        char msg[GP_ERRMSG_LEN];
+        for (int k = 0; k < 2; k++) {
+            snprintf(msg, sizeof msg, "%s", gp_last_error());
+            gp_error_set(GP_ERR_OOM, "%s; stopped", msg);
+        }
+        const char *m = gp_last_error(), *first = strstr(m, "(ulimit -v)");
+        CHECK_MSG(first && !strstr(first + 1, "(ulimit -v)"), "the limit said once: %s", m);
+        char why[300];
+        CHECK_MSG(strstr(gp_thread_error(EAGAIN, why, sizeof why), strerror(EAGAIN)) &&
+                      strstr(why, "(ulimit -v)") && strstr(why, "each thread's stack"),
+                  "a thread that cannot start under the limit: %s", why);
+        CHECK(setrlimit(RLIMIT_AS, &was) == 0);
+        CHECK_MSG(!strstr(gp_thread_error(EAGAIN, why, sizeof why), "ulimit"),
+                  "no limit, none named: %s", why);
+        CHECK(!strcmp(gp_thread_error(EINVAL, why, sizeof why), strerror(EINVAL)));
+    }
 }
 
 /* Entries in dir, "." and ".." left out. */

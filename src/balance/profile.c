@@ -441,15 +441,20 @@ static gp_status contention_start(contention *ct, int n, const gp_layer_spec *sp
         c->size = &ct->size;
         c->stop = &ct->stop;
         c->st = GP_OK;
-        if (pthread_create(&c->th, NULL, contender_main, c) != 0) break;
+        int e = pthread_create(&c->th, NULL, contender_main, c);
+        if (e != 0) {
+            char why[300];
+            gp_error_set(GP_ERR_RUNTIME, "profile: cannot start a contention thread: %s",
+                         gp_thread_error(e, why, sizeof why));
+            break;
+        }
         ct->n = q + 1; /* started: joined by contention_stop */
     }
     pthread_mutex_lock(&ct->lock);
     for (int q = 0; q < ct->n; q++)
         while (!ct->c[q].ready) pthread_cond_wait(&ct->cond, &ct->lock);
     pthread_mutex_unlock(&ct->lock);
-    return ct->n == n ? GP_OK
-                      : gp_error_set(GP_ERR_RUNTIME, "profile: cannot start a contention thread");
+    return ct->n == n ? GP_OK : GP_ERR_RUNTIME; /* (said above) */
 }
 
 /* Stop and join; the first contender error (e.g. out of memory building the

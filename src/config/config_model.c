@@ -428,7 +428,8 @@ gp_status gp_cfg_parse_model(gp_cfg_walk *w, const gp_ynode *root, gp_model_conf
             return gp_cfg_bad(w, ls ? ls : mkey, "missing model.layers: a list of layers, like "
                               "layers: [flatten, {linear: {out: 10}}] (or a built-in model: "
                               "resnet: {depth: 101}, amoebanet: {layers: 18, filters: 256}, "
-                              "unet: {depth: 5, base: 64} or gpt: {layers: 12})");
+                              "unet: {depth: 5, base: 64}, gpt: {layers: 12} or llama: "
+                              "{layers: 16, ...})");
         if (ls->kind != GP_YNODE_SEQ)
             return gp_cfg_bad(w, ls, "expected a list for model.layers, got %s",
                               gp_cfg_describe(ls, got, sizeof got));

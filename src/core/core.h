@@ -48,6 +48,10 @@
  * callers can write `return gp_error_set(GP_ERR_INVALID, "...")`. */
 gp_status gp_error_set(gp_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* pthread_create's error e as words, and where an address-space limit
+ * (`ulimit -v`) is set and e is EAGAIN or ENOMEM (a thread's stack is
+ * mapped whole), that limit and what to do: into buf, returned. */
+const char *gp_thread_error(int e, char *buf, size_t len);
 /* Prefix the current message with more context ("layer 3 (conv2d): ..."). */
 gp_status gp_error_wrap(gp_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

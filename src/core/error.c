@@ -7,6 +7,8 @@
  */
 #include "core/core.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stdatomic.h>
@@ -23,15 +25,28 @@ gp_status gp_error_set(gp_status code, const char *fmt, ...)
     va_end(ap);
     /* Host memory refused under an address-space limit (`ulimit -v`) is
      * the limit more often than the machine: say so. */
-    struct rlimit as;
-    if (code == GP_ERR_OOM && strstr(tls_msg, "host memory") && getrlimit(RLIMIT_AS, &as) == 0 &&
-        as.rlim_cur != RLIM_INFINITY) {
+    struct rlimit as; /* (once: a message set again from an earlier one has it) */
+    if (code == GP_ERR_OOM && strstr(tls_msg, "host memory") && !strstr(tls_msg, "(ulimit -v)") &&
+        getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
         size_t n = strlen(tls_msg);
         snprintf(tls_msg + n, sizeof tls_msg - n, "; this process's address space is limited to "
                  "%llu MiB (ulimit -v): raise the limit, or give the run less to hold",
                  (unsigned long long)(as.rlim_cur >> 20));
     }
     return code;
+}
+
+const char *gp_thread_error(int e, char *buf, size_t len)
+{
+    struct rlimit as;
+    if ((e == EAGAIN || e == ENOMEM) && getrlimit(RLIMIT_AS, &as) == 0 &&
+        as.rlim_cur != RLIM_INFINITY)
+        snprintf(buf, len, "%s; this process's address space is limited to %llu MiB (ulimit -v) "
+                 "and each thread's stack is mapped whole: raise the limit", strerror(e),
+                 (unsigned long long)(as.rlim_cur >> 20));
+    else
+        snprintf(buf, len, "%s", strerror(e));
+    return buf;
 }
 
 static atomic_bool g_flags;

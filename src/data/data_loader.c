@@ -442,8 +442,9 @@ gp_status gp_loader_create(const gp_dataset *ds, const gp_data_config *cfg,
         int rc = pthread_create(&wk->thread, NULL, worker_main, wk);
         if (rc != 0) {
             gp_loader_destroy(ld);
+            char why[300];
             return gp_error_set(GP_ERR_RUNTIME, "loader: cannot start its thread %d: %s", k,
-                                strerror(rc));
+                                gp_thread_error(rc, why, sizeof why));
         }
         wk->started = true;
     }

@@ -2158,7 +2158,8 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
         p->workers[j].p = p;
         p->workers[j].j = j;
         if (p->local >= 0 && j != p->local) continue; /* another process runs it */
-        if (pthread_create(&p->workers[j].thread, NULL, worker_main, &p->workers[j]) != 0) {
+        int e = pthread_create(&p->workers[j].thread, NULL, worker_main, &p->workers[j]);
+        if (e != 0) {
             pthread_mutex_lock(&p->lock);
             p->shutdown = true;
             pthread_cond_broadcast(&p->cond);
@@ -2171,7 +2172,9 @@ gp_status gp_pipeline_create(gp_layer *layers, int n_layers, const gp_shape *inp
             free(p->edges);
             tie_free(p);
             free(p);
-            return gp_error_set(GP_ERR_RUNTIME, "could not start worker thread %d", j);
+            char why[300];
+            return gp_error_set(GP_ERR_RUNTIME, "could not start the worker thread of device %d: "
+                                "%s", j, gp_thread_error(e, why, sizeof why));
         }
     }
     *out = p;

@@ -225,9 +225,10 @@ gp_status gp_cpu_streams_start(gp_device *dev)
 {
     gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
     int e = pthread_create(&ctx->copy_thread, NULL, copy_thread, dev);
+    char why[300];
     if (e != 0)
         return gp_error_set(GP_ERR_RUNTIME, "device %s: cannot start its copy stream's thread: "
-                            "%s", dev->name, strerror(e));
+                            "%s", dev->name, gp_thread_error(e, why, sizeof why));
     ctx->copy_running = true;
     return GP_OK;
 }
@@ -461,8 +462,9 @@ gp_status gp_cpu_chan_open(gp_device *dev, const gp_chan_desc *d, void **out)
     int e = pthread_create(&ch->thread, NULL, chan_thread, ch);
     if (e != 0) {
         free(ch);
+        char why[300];
         return gp_error_set(GP_ERR_RUNTIME, "device %s: cannot start the thread of channel %s: "
-                            "%s", dev->name, d->name, strerror(e));
+                            "%s", dev->name, d->name, gp_thread_error(e, why, sizeof why));
     }
     *out = ch;
     return GP_OK;
