@@ -913,6 +913,27 @@ static void test_save_restore(const char *replicas)
                   "/nonexistent/snap.safetensors");
         CHECK_ERR(gp_run_restore(c, wa), GP_ERR_DATA, "not a gpipe snapshot");
         CHECK_ERR(gp_run_restore(c, NULL), GP_ERR_INVALID, "path");
+        /* "latest" from a directory not there, and from one with no
+         * snapshot: said in the call's own words, not gpipe-train's
+         * options' nor gp_train_options' */
+        {
+            gp_run *lr = NULL;
+            char ov[400];
+            snprintf(ov, sizeof ov, "train.snapshot.dir=%s/no-such-dir", tmpdir);
+            const char *ovs[] = {ov};
+            CHECK_OK(gp_run_parse("latest.yaml", k_yaml, ovs, 1, &lr));
+            CHECK_ERR(gp_run_restore(lr, "latest"), GP_ERR_IO,
+                      "gp_run_restore(\"latest\"): train.snapshot.dir '");
+            CHECK_MSG(!strstr(gp_last_error(), "gp_train_options") &&
+                          !strstr(gp_last_error(), "--"), "%s", gp_last_error());
+            gp_run_free(lr);
+            snprintf(ov, sizeof ov, "train.snapshot.dir=%s", tmpdir); /* (no snapshot-*) */
+            CHECK_OK(gp_run_parse("latest.yaml", k_yaml, ovs, 1, &lr));
+            CHECK_ERR(gp_run_restore(lr, "latest"), GP_ERR_IO,
+                      "gp_run_restore(\"latest\"): no complete snapshot in");
+            CHECK_MSG(!strstr(gp_last_error(), "--"), "%s", gp_last_error());
+            gp_run_free(lr);
+        }
         CHECK_ERR(gp_run_save(c, tmpdir), GP_ERR_IO, "is a directory");
         CHECK_ERR(gp_run_export_weights(c, tmpdir), GP_ERR_IO, "is a directory");
         CHECK_ERR(gp_run_save(c, NULL), GP_ERR_INVALID, "gp_run_save");

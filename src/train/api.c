@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 struct gp_run {
@@ -508,8 +509,14 @@ static gp_status run_restore(gp_run *r, const char *path)
     GP_TRY(same_process(r, "gp_run_restore"));
     char newest[4200];
     if (!strcmp(path, "latest")) { /* the newest complete one, as gpipe-train --resume latest */
-        GP_TRY(gp_snapshot_resume_check(path, r->cfg.train.snapshot.dir));
-        GP_TRY(gp_snapshot_latest(r->cfg.train.snapshot.dir, newest, sizeof newest));
+        const char *dir = r->cfg.train.snapshot.dir;
+        struct stat st;
+        if (stat(dir, &st) != 0)
+            return gp_error_set(GP_ERR_IO, "gp_run_restore(\"latest\"): train.snapshot.dir '%s' "
+                                "does not exist (%s); give the run's config the directory the "
+                                "earlier run wrote its snapshots to", dir, strerror(errno));
+        gp_status s = gp_snapshot_latest(dir, newest, sizeof newest);
+        if (s != GP_OK) return gp_error_wrap(s, "gp_run_restore(\"latest\")");
         path = newest;
     }
     /* a run restored before it was prepared draws no random values the

@@ -1293,7 +1293,7 @@ gp_status gp_snapshot_latest(const char *dir, char *path, size_t len)
     return gp_error_set(GP_ERR_IO, "no complete snapshot in '%s'%s", dir,
                         n ? " (every one there failed to verify; see the warnings): a "
                             "damaged file cannot be resumed; start the run again without "
-                            "--resume, into an empty train.snapshot.dir (the damaged files "
+                            "resuming, into an empty train.snapshot.dir (the damaged files "
                             "stay where they are, to look at)" :
                             "; nothing to resume (a run takes snapshots with "
                             "train.snapshot.every_steps or every_minutes, and one stopped "
