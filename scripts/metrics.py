@@ -295,6 +295,9 @@ def stats(run, warmup=None):
     """The numbers summary and compare print, as a dict (--json)."""
     st = run.steps
     w = warmup_count(len(st), warmup)
+    if warmup is not None and w < warmup:
+        sys.stderr.write("metrics.py: warning: %s has %d step(s): --warmup %d would leave none "
+                         "to time; left out %d\n" % (run.path, len(st), warmup, w))
     kept = st[w:]
     secs = _finite(r["step_seconds"] for r in kept)
     sps = _finite(r["samples_per_s"] for r in kept)

@@ -160,6 +160,13 @@ def test_summary(tmp):
     check(s10["warmup_steps"] == 10 and close(
         s10["step_seconds_median"], median([x["step_seconds"] for x in steps[10:]])),
         "--warmup 10 leaves out the first 10 steps")
+    # a warm-up as long as the run: clipped to leave one step, and said
+    r = script("summary", path, "--warmup", "100000", "--json")
+    sw = (out_json(r) or [{}])[0]
+    check(r.returncode == 0 and sw.get("warmup_steps") == len(steps) - 1 and
+          "--warmup 100000 would leave none to time; left out %d" % (len(steps) - 1) in r.stderr,
+          "--warmup past the run's steps: clipped and warned: %r %r" % (sw.get("warmup_steps"),
+                                                                      r.stderr[-300:]))
     # the text table says the same numbers
     r = script("summary", path)
     check(r.returncode == 0, "summary exits 0")
