@@ -24,6 +24,34 @@ static gp_train_config base_cfg(void)
     return t;
 }
 
+/* The throughput's windows, on made-up clocks: the first step a window
+ * of its own, the steps after it over their own time (not spread over the
+ * first's set-up), a half-second window, and the last step closing one. */
+static void test_throughput(void)
+{
+    gp_throughput w = {.start = 100.0, .first = true};
+    gp_throughput_add(&w, 4, 100.022, true, false); /* 22 ms: set-up */
+    CHECK_NEAR(w.sps, 4 / 0.022, 1e-9, 1e-12);
+    gp_throughput_add(&w, 4, 100.0221, false, false);
+    CHECK_NEAR(w.sps, 4 / 0.0001, 1e-6, 1e-9);
+    gp_throughput_add(&w, 4, 100.0223, false, false); /* 8 in 0.3 ms, not 12 in 22.3 */
+    CHECK_NEAR(w.sps, 8 / 0.0003, 1e-6, 1e-9);
+    /* a window closes past half a second: its own rate, then held until the
+     * next closes */
+    gp_throughput_add(&w, 100, 100.6, false, false);
+    double closed = w.sps;
+    CHECK_NEAR(closed, 108 / (100.6 - 100.022), 1e-6, 1e-9);
+    gp_throughput_add(&w, 4, 100.7, false, false);
+    CHECK(w.sps == closed && !w.first);
+    gp_throughput_add(&w, 4, 100.8, false, true); /* the last step closes it */
+    CHECK_NEAR(w.sps, 8 / 0.2, 1e-9, 1e-12);
+    /* a resumed run's first step is its first too */
+    gp_throughput r = {.start = 5.0, .first = true};
+    gp_throughput_add(&r, 2, 6.0, true, false);
+    gp_throughput_add(&r, 2, 6.5, false, false);
+    CHECK_NEAR(r.sps, 4.0, 1e-12, 1e-12);
+}
+
 static void test_schedules(void)
 {
     gp_train_config t = base_cfg();
@@ -382,6 +410,7 @@ static void test_bf16_training(void)
 int main(void)
 {
     test_schedules();
+    test_throughput();
     test_split();
     test_microbatch_equivalence(false);
     test_microbatch_equivalence(true);

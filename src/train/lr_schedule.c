@@ -1,5 +1,6 @@
 /*
- * lr_schedule.c — the learning-rate schedule: a small pure function.
+ * lr_schedule.c — the learning-rate schedule and the throughput's windows:
+ * small pure functions.
  */
 #include "train/train.h"
 
@@ -30,4 +31,20 @@ double gp_lr_at(const gp_train_config *t, int64_t step, int64_t total_steps)
     }
     }
     return base;
+}
+
+void gp_throughput_add(gp_throughput *w, int64_t samples, double now, bool run_first, bool last)
+{
+    w->samples += samples;
+    bool closes = now - w->start > 0.5 || last || run_first;
+    if ((closes || w->first) && now > w->start) {
+        w->sps = (double)w->samples / (now - w->start);
+        w->wait_share = w->wait / (now - w->start);
+    }
+    if (closes) {
+        w->start = now;
+        w->samples = 0;
+        w->wait = 0;
+        w->first = run_first; /* (the steps since the first: so far, until a window closes) */
+    }
 }

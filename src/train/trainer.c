@@ -1166,16 +1166,7 @@ typedef struct run_saves {
     double last_time;       /* gp_now() at the newest snapshot (or the start) */
 } run_saves;
 
-/* Throughput over half-second windows; until the first one closes, over
- * this run's steps so far, so no record reads 0 samples/s. */
-typedef struct run_window {
-    double start;           /* gp_now() when the window opened */
-    int64_t samples;        /* samples trained in it */
-    double wait;            /* seconds spent waiting for batches in it */
-    bool first;             /* the run's first window, still open */
-    double sps;             /* samples/s of the last window closed (or so far) */
-    double wait_share;      /* the share of that time spent waiting for data */
-} run_window;
+
 
 /* The devices, and the memory and waits measured on them. */
 typedef struct run_devices {
@@ -1203,7 +1194,7 @@ typedef struct train_run {
     gp_loader *loader;
     run_outputs out;
     run_saves saves;
-    run_window window;
+    gp_throughput window;
     /* the run's shape (run_start_loader, run_plan) */
     int64_t min_batch;          /* pipeline.chunks x replicas: the smallest batch a step splits */
     int64_t rest;               /* the samples an epoch's full batches leave over */
@@ -1909,25 +1900,12 @@ static gp_status trace_step(train_run *r, train_step *t)
     return GP_OK;
 }
 
-/* Throughput over half-second windows; until the first one closes, over
- * this run's steps so far (at the first step, its own wall time with its
- * batch's fetch), so no record reads 0 samples/s. */
+/* The step's samples into the throughput (gp_throughput_add). */
 static void count_throughput(train_run *r, train_step *t)
 {
-    run_window *w = &r->window;
-    w->samples += t->b.n;
-    double now = t->now = gp_now();
-    bool window_closes = now - w->start > 0.5 || t->step == r->total - 1;
-    if ((window_closes || w->first) && now > w->start) {
-        w->sps = (double)w->samples / (now - w->start);
-        w->wait_share = w->wait / (now - w->start);
-    }
-    if (window_closes) {
-        w->start = now;
-        w->samples = 0;
-        w->wait = 0;
-        w->first = false;
-    }
+    t->now = gp_now();
+    gp_throughput_add(&r->window, t->b.n, t->now, t->step == r->first_step,
+                      t->step == r->total - 1);
 }
 
 /* The step's --metrics record and TensorBoard scalars.  A full disk or a
