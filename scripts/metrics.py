@@ -379,7 +379,8 @@ def rows(s):
     sps = s["samples_per_s_median"]
     out.append(("median samples/s", "-" if sps is None else "%.1f (middle half %.1f..%.1f)"
                 % (sps, s["samples_per_s_p25"], s["samples_per_s_p75"]), sps))
-    out.append(("warm-up left out", "%d step(s)" % s["warmup_steps"], s["warmup_steps"]))
+    # (no ratio: a count of steps left out says nothing of B against A)
+    out.append(("warm-up left out", "%d step(s)" % s["warmup_steps"], None))
     share = s["data_wait_share"]
     out.append(("data wait", _num(None if share is None else share * 100,
                                   "%.1f%% of step time"), share))

@@ -213,6 +213,8 @@ def test_compare(tmp):
     stb = median([x["step_seconds"] for x in b[5:]])
     check(row and row[0].split()[-1] == "%.3f" % ((stb * 1e3) / (sta * 1e3)),
           "compare's step time B/A: %r" % row)
+    row = [l for l in r.stdout.splitlines() if l.startswith("warm-up left out")]
+    check(row and row[0].split()[-1] == "-", "no ratio of the warm-up's counts: %r" % row)
     r = script("compare", pa, pb, "--json")
     v = out_json(r).get("verdict", {})
     check(v["faster"] == "B" and close(v["ratio"], ratio) and not v["within_spread"],
