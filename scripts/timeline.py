@@ -1059,10 +1059,10 @@ def main(argv=None):
     p = sub.add_parser("compare", help="two runs side by side, ratios B/A, stacked Gantt")
     p.add_argument("a", help="run A's trace (the ratios' denominator)")
     p.add_argument("b", help="run B's trace")
-    p.add_argument("-o", "--output", default="compare.png",
+    p.add_argument("-o", "--output",
                    help="the picture (default compare.png; .png, .svg or .pdf)")
     p.add_argument("--no-plot", action="store_true",
-                   help="the table alone, no picture (needs no matplotlib)")
+                   help="the table alone, no picture (needs no matplotlib; not with -o)")
     p.add_argument("--steps", help="steps summarised (default: all recorded)")
     p.add_argument("--plot-steps", help="steps drawn (default: each trace's first)")
     p.add_argument("--size", help="WIDTHxHEIGHT pixels")
@@ -1101,6 +1101,11 @@ def main(argv=None):
         return 0
     # compare
     plot_steps = parse_steps("--plot-steps", args.plot_steps)
+    if args.no_plot and args.output is not None:
+        raise TraceError("-o %s --no-plot" % args.output, "--no-plot draws no picture to "
+                         "write; give one of them")
+    if args.output is None:
+        args.output = "compare.png"
     if not args.no_plot:
         check_output(args.output, TraceError, ", or give --no-plot for the table alone")
     ta, tb = load(args.a), load(args.b)

@@ -503,10 +503,17 @@ def test_compare(tmp, lockstep_trace):
               "runpy.run_path(sys.argv[0], run_name='__main__')")
     unplotted = os.path.join(tmp, "never.png")
     r = subprocess.run([sys.executable, "-c", no_mpl, SCRIPT, "compare", lockstep_trace,
-                        free_trace, "--no-plot", "-o", unplotted], capture_output=True, text=True)
+                        free_trace, "--no-plot"], capture_output=True, text=True, cwd=tmp)
     check(r.returncode == 0 and "B/A" in r.stdout and "bubble fraction" in r.stdout and
-          not os.path.exists(unplotted), "compare --no-plot without matplotlib: %d %s %s"
+          not os.path.exists(os.path.join(tmp, "compare.png")),
+          "compare --no-plot without matplotlib: %d %s %s"
           % (r.returncode, r.stdout[-300:], r.stderr))
+    # -o with --no-plot: a picture asked for and not drawn, refused (it was
+    # ignored without a word)
+    r = subprocess.run([sys.executable, SCRIPT, "compare", lockstep_trace, free_trace,
+                        "--no-plot", "-o", unplotted], capture_output=True, text=True)
+    check(r.returncode == 2 and "--no-plot draws no picture" in r.stderr and
+          not os.path.exists(unplotted), "compare --no-plot -o: %d %s" % (r.returncode, r.stderr))
     r = subprocess.run([sys.executable, "-c", no_mpl, SCRIPT, "compare", lockstep_trace,
                         free_trace, "-o", unplotted], capture_output=True, text=True)
     check(r.returncode == 2 and "cannot draw" in r.stderr and "--no-plot" in r.stderr,
