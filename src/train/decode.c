@@ -243,8 +243,10 @@ static gp_status run_layers(gp_decoder *d, gp_tensor *cur, int64_t n, bool all, 
 gp_status gp_decoder_feed(gp_decoder *d, const float *ids, int64_t n, int all, float *out)
 {
     if (!d || !ids || !out || n < 1)
-        return gp_error_set(GP_ERR_INVALID, "gp_decoder_feed needs a decoder, n >= 1 ids per "
-                            "sequence and an output (got n = %lld)", (long long)n);
+        return gp_error_set(GP_ERR_INVALID, "gp_decoder_feed: %s (n = %lld)",
+                            !d ? "the decoder is NULL" : !ids ? "ids is NULL"
+                            : !out ? "out is NULL (it takes the logits)"
+                            : "give at least one id per sequence", (long long)n);
     gp_model *m = d->m;
     if (d->len > 0 && m->step != d->step)
         return gp_error_set(GP_ERR_INVALID, "gp_decoder_feed: the model took %lld step%s since "
