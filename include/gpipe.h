@@ -211,7 +211,7 @@ gp_status gp_run_train_ex(gp_run *run, const gp_train_options *opts, gp_metrics 
  * them with sigwait() on a thread of your own, so no signal interrupts a
  * computing thread.  gpipe-train then exits with 128 + the signal's
  * number (130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1); a second signal there
- * exits at once.  The request stays: later calls to gp_run_train on this
+ * 2 s or more after the first exits at once (one sooner is the same stop).  The request stays: later calls to gp_run_train on this
  * run stop before their first step. */
 void gp_run_stop(gp_run *run, int signo);
 /* Withdraw a stop request (gp_run_stop's), so that the next gp_run_train
@@ -243,8 +243,8 @@ gp_status gp_run_predict(gp_run *run, const float *x, int64_t n, float *out);
  * gp_run_predict's for those positions of the sequence from position 0,
  * within rounding (the products may sum a row in another order than a
  * window).  For language models whose layers a Transformer decoder has
- * (embedding first; linear, layer_norm, rms_norm, gelu, relu, swiglu,
- * rope, attention, add, dropout, identity), across stages and devices as
+ * (embedding first; linear, layer_norm, rms_norm, gelu, relu, leaky_relu,
+ * swiglu, rope, attention, add, dropout, identity), across stages and devices as
  * the run places them; anything else is GP_ERR_UNSUPPORTED naming the
  * layer.  One process.  The run's model must stay as it is while a cache
  * is filled: a feed after a step is refused until a rewind to 0.  Free

@@ -206,12 +206,13 @@ static void on_stop_signal(int signo)
                            : signo == SIGTERM ? "SIGTERM"
                            : signo == SIGUSR1 ? "SIGUSR1"
                                               : "SIGHUP",
-                           ": stopping after the current step (send it again to quit at once, "
-                           "without the final snapshot)\n"};
-    char line[128];
+                           ": stopping after the current step (send it again 2 s or more later to "
+                           "quit at once, without the final snapshot)\n"};
+    char line[256];
     size_t n = 0;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         size_t k = strlen(parts[i]);
+        if (k > sizeof line - 1 - n) k = sizeof line - 1 - n; /* (never: the parts fit) */
         memcpy(line + n, parts[i], k);
         n += k;
     }
