@@ -971,6 +971,45 @@ static void test_outputs_spare_schedule_and_data(void)
         snprintf(cmd, sizeof cmd, "%s %s -q --metrics %s/run.jsonl", bin, cfg, dir);
         CHECK_MSG(run(cmd, out, sizeof out) == 0, "a file beside the data (%d): %s", k, out);
     }
+    /* one split missing: the other's files are the dataset's still (they
+     * were spared only while every file was there; --trace, opened before
+     * the data loads, cut a CIFAR batch file to 130 bytes) */
+    char gone[700], timg[700];
+    snprintf(gone, sizeof gone, "%s/t10k-images-idx3-ubyte", dir);
+    snprintf(timg, sizeof timg, "%s/train-images-idx3-ubyte", dir);
+    snprintf(cmd, sizeof cmd, "mv %s %s.away", gone, gone);
+    CHECK(system(cmd) == 0);
+    size_t i0 = 0, i1 = 0;
+    char *ibefore = gpt_read_file(timg, &i0);
+    snprintf(cmd, sizeof cmd, "%s %s -q --trace %s", bin, cfg, timg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "is a file of the dataset"),
+              "--trace onto a dataset file, the test split missing: %s", out);
+    snprintf(cmd, sizeof cmd, "%s %s -q --reps 1 --write %s", balance_bin, cfg, timg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "is a file of the config's dataset"),
+              "gpipe-balance --write onto a dataset file, the test split missing: %s", out);
+    char *iafter = gpt_read_file(timg, &i1);
+    CHECK(ibefore && iafter && i0 == i1 && i0 > 0 && !memcmp(ibefore, iafter, i0));
+    free(ibefore);
+    free(iafter);
+    snprintf(cmd, sizeof cmd, "mv %s.away %s", gone, gone);
+    CHECK(system(cmd) == 0);
+    /* token files with no validation split beside them: the training
+     * split is spared too */
+    char tok[600], tcfg[600], ty[1024];
+    snprintf(tok, sizeof tok, "%s/spare-tok", tmpdir);
+    mkdir(tok, 0700);
+    snprintf(timg, sizeof timg, "%s/x_train.bin", tok);
+    write_file(timg, "0123456789abcdef0123456789abcdef");
+    snprintf(tcfg, sizeof tcfg, "%s/spare-tok.yaml", tmpdir);
+    snprintf(ty, sizeof ty, "model:\n  input: [4]\n  gpt: {layers: 1, heads: 1, width: 8, "
+             "positions: 4, vocab: 256}\ndata: {dataset: tokens, path: %s}\n", tok);
+    write_file(tcfg, ty);
+    snprintf(cmd, sizeof cmd, "%s %s -q --metrics %s", bin, tcfg, timg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "is a file of the dataset"),
+              "--metrics onto a token file, no validation split: %s", out);
+    char *tafter = gpt_read_file(timg, &i1);
+    CHECK(tafter && i1 == 32 && !memcmp(tafter, "0123456789abcdef", 16));
+    free(tafter);
     char *after = gpt_read_file(csv, &n1), *lafter = gpt_read_file(label, &l1);
     CHECK(before && after && n0 == n1 && !memcmp(before, after, n0));
     CHECK(lbefore && lafter && l0 == l1 && l0 > 0 && !memcmp(lbefore, lafter, l0));

@@ -11,6 +11,7 @@
 #include "balance/balance.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -940,9 +941,67 @@ gp_status gp_simulate_schedule(const gp_profile *p, gp_schedule_kind kind, int n
                                      out);
 }
 
+/* The last built-in schedule this thread simulated, kept for the next
+ * simulation of the same kind, devices, stages a device, micro-batches and
+ * checkpointing: the balancer's refinements and gpipe-balance --plan
+ * simulate one schedule under hundreds of splits, and building its lists
+ * took a quarter of planning Llama 3 70B on 64 GPUs.  A simulation borrows
+ * it (a shallow copy: sim_end leaves it); simulations do not nest, so
+ * nothing replaces it while borrowed.  Freed at the thread's exit. */
+typedef struct sched_cache {
+    bool ok;
+    gp_schedule_kind kind;
+    int n, v, m;
+    gp_checkpoint_mode ckpt;
+    gp_schedule sc;
+} sched_cache;
+
+static _Thread_local sched_cache *tl_sched; /* (reachable from here: no leak reported) */
+static pthread_key_t sched_key;
+static pthread_once_t sched_once = PTHREAD_ONCE_INIT;
+
+static void sched_cache_free(void *c)
+{
+    sched_cache *sc = c;
+    if (sc && sc->ok) gp_schedule_free(&sc->sc);
+    free(sc);
+}
+
+static void sched_key_make(void) { (void)pthread_key_create(&sched_key, sched_cache_free); }
+
+/* The schedule of so (no file) into *sc, borrowed from the thread's cache
+ * (built there when it holds another); without a cache (no memory for
+ * one), built into *sc, which sim_end frees. */
+static gp_status sched_borrow(const gp_schedule_opts *so, gp_schedule *sc)
+{
+    if (!tl_sched) {
+        (void)pthread_once(&sched_once, sched_key_make);
+        tl_sched = calloc(1, sizeof *tl_sched);
+        if (!tl_sched) return gp_schedule_make(so, sc);
+        (void)pthread_setspecific(sched_key, tl_sched);
+    }
+    sched_cache *c = tl_sched;
+    if (!(c->ok && c->kind == so->kind && c->n == so->n && c->v == so->virtual_stages &&
+          c->m == so->m && c->ckpt == so->checkpoint)) {
+        gp_schedule fresh;
+        GP_TRY(gp_schedule_make(so, &fresh));
+        if (c->ok) gp_schedule_free(&c->sc);
+        *c = (sched_cache){.ok = true, .kind = so->kind, .n = so->n, .v = so->virtual_stages,
+                           .m = so->m, .ckpt = so->checkpoint, .sc = fresh};
+    }
+    *sc = c->sc;
+    return GP_OK;
+}
+
+/* The end of a simulation: its schedule freed unless borrowed. */
+static void sim_end(gp_schedule *sc)
+{
+    if (!(tl_sched && tl_sched->ok && sc->list == tl_sched->sc.list)) gp_schedule_free(sc);
+}
+
 /* What simulating a split takes: the stages' first layers, the
- * micro-batch sizes and the schedule itself (sc: freed by the caller on
- * GP_OK), balance checked against the profile. */
+ * micro-batch sizes and the schedule itself (sc: ended by the caller with
+ * sim_end on GP_OK), balance checked against the profile. */
 static gp_status sim_begin(const gp_profile *p, gp_schedule_kind kind, int n, int v,
                            const struct gp_schedule_file *file, const int *balance, int m,
                            gp_checkpoint_mode ckpt, int *first, int64_t *sizes, gp_schedule *sc)
@@ -967,7 +1026,7 @@ static gp_status sim_begin(const gp_profile *p, gp_schedule_kind kind, int n, in
     GP_TRY(gp_microbatch_split(p->batch, m, sizes));
     gp_schedule_opts so = {.kind = kind, .n = n, .m = m, .virtual_stages = v, .checkpoint = ckpt,
                            .replicas = 1, .update = true, .check = true, .file = file};
-    return gp_schedule_make(&so, sc);
+    return file ? gp_schedule_make(&so, sc) : sched_borrow(&so, sc);
 }
 
 /* A device's peak: where it holds several stages (interleaved, the V
@@ -1038,7 +1097,7 @@ gp_status gp_simulate_memory(const gp_profile *p, gp_schedule_kind kind, int n, 
     gp_schedule sc;
     GP_TRY(sim_begin(p, kind, n, v, file, balance, m, ckpt, first, sizes, &sc));
     gp_status st = sim_peaks(p, &sc, sizes, first, balance, peak, floor_);
-    gp_schedule_free(&sc);
+    sim_end(&sc);
     return st;
 }
 
@@ -1072,7 +1131,7 @@ gp_status gp_simulate_schedule_file(const gp_profile *p, gp_schedule_kind kind, 
     gp_stage_times *st = calloc((size_t)S * 2, sizeof *st);
     if (!lt || !fwd_fin || !bwd_fin || !clock_fin || !clock_left || !st) {
         free(lt); free(fwd_fin); free(bwd_fin); free(clock_fin); free(clock_left); free(st);
-        gp_schedule_free(&sc);
+        sim_end(&sc);
         return gp_error_set(GP_ERR_OOM, "out of host memory simulating");
     }
     int64_t big = sizes[0], small = sizes[m - 1];
@@ -1180,7 +1239,7 @@ gp_status gp_simulate_schedule_file(const gp_profile *p, gp_schedule_kind kind, 
         if (capacity && capacity[j] > 0 && out->peak_bytes[j] > capacity[j]) out->fits = false;
     }
     free(lt); free(fwd_fin); free(bwd_fin); free(clock_fin); free(clock_left); free(st);
-    gp_schedule_free(&sc);
+    sim_end(&sc);
     return ps;
 }
 

@@ -835,57 +835,56 @@ gp_status gp_dataset_peek(const gp_data_config *cfg, bool train_split, gp_datase
     }
 }
 
-/* Whether out is one of the n files in `files`, however spelt. */
+/* Whether out is one of the n files in `files`, however spelt (a file not
+ * there is none of them). */
 static bool one_of(const char *out, char (*files)[1100], int n)
 {
     for (int k = 0; k < n; k++)
-        if (gp_same_file(out, files[k])) return true;
+        if (file_exists(files[k]) && gp_same_file(out, files[k])) return true;
     return false;
 }
 
+/* Every file the dataset may read, each split on its own: where one split
+ * (or one of its files) is missing, the other's files are still the
+ * dataset's, and an output over them would be lost data (a CIFAR folder
+ * without test_batch.bin once let --write replace data_batch_1.bin). */
 bool gp_dataset_reads(const gp_data_config *cfg, const char *out)
 {
     if (!out || !out[0]) return false;
     const char *dir = cfg->path[0] ? cfg->path : default_dir(cfg->dataset);
-    char f[6][1100], base[1024];
+    char f[16][1100];
     int n = 0;
-    gp_status s = GP_OK;
     switch (cfg->dataset) {
     case GP_DATASET_SYNTHETIC: return false;
     case GP_DATASET_MNIST:
-    case GP_DATASET_FASHION_MNIST: { /* the four files, gzip or not */
-        char p[4][1024];
-        s = idx_files(cfg, dir, true, p[0], p[1]);
-        if (s == GP_OK) s = idx_files(cfg, dir, false, p[2], p[3]);
-        for (n = 0; s == GP_OK && n < 4; n++) memcpy(f[n], p[n], sizeof p[n]);
+    case GP_DATASET_FASHION_MNIST: { /* the four files, gzip or not (either read) */
+        static const char *const names[4] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                                             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
+        for (int k = 0; k < 4; k++) {
+            snprintf(f[n++], sizeof f[0], "%.1000s/%s.gz", dir, names[k]);
+            snprintf(f[n++], sizeof f[0], "%.1000s/%s", dir, names[k]);
+        }
         break;
     }
-    case GP_DATASET_CIFAR10:
-        for (int k = 0; s == GP_OK && k < 2; k++) {
-            char names[5][1100];
-            int m = 0;
-            s = cifar_files(cfg, dir, k == 0, base, names, &m);
-            for (int q = 0; s == GP_OK && q < m && n < 6; q++) memcpy(f[n++], names[q], 1100);
-        }
+    case GP_DATASET_CIFAR10: /* the folder itself or the tarball's folder in it */
+        for (int b = 0; b < 2; b++)
+            for (int k = 0; k < 6; k++) {
+                char name[32];
+                if (k < 5) snprintf(name, sizeof name, "data_batch_%d.bin", k + 1);
+                else snprintf(name, sizeof name, "test_batch.bin");
+                snprintf(f[n++], sizeof f[0], "%.900s%s/%s", dir,
+                         b ? "/cifar-10-batches-bin" : "", name);
+            }
         break;
     case GP_DATASET_IMAGE_FOLDER: /* anything under train/ and val/ */
         for (int k = 0; k < 2; k++) {
-            snprintf(f[k], sizeof f[k], "%s/%s", dir, k ? "val" : "train");
+            snprintf(f[k], sizeof f[k], "%.1000s/%s", dir, k ? "val" : "train");
             if (gp_path_below(out, f[k])) return true;
         }
         return false;
-    case GP_DATASET_TOKENS: {
-        char train[1024], val[1024];
-        s = gp_tokens_files(dir, train, val);
-        snprintf(f[0], sizeof f[0], "%s", train);
-        snprintf(f[1], sizeof f[1], "%s", val);
-        n = 2;
+    case GP_DATASET_TOKENS:
+        n = gp_tokens_candidates(dir, f, 16);
         break;
-    }
-    }
-    if (s != GP_OK) { /* files missing: the run's own error to give, and none to replace */
-        gp_error_clear();
-        return false;
     }
     return one_of(out, f, n);
 }

@@ -119,6 +119,12 @@ gp_status gp_tokens_read(const char *path, int64_t seq_len, gp_dataset *ds);
  * val.bin), or a file <name>_train.bin whose <name>_val.bin lies beside it.
  * GP_ERR_IO naming what is missing or ambiguous. */
 gp_status gp_tokens_files(const char *path, char train[1024], char val[1024]);
+/* Every file a token dataset at `path` may read, into out[0..max): path
+ * itself and its <stem>val.bin where path is a file, else every
+ * <name>_train.bin / <name>_val.bin (or train.bin, val.bin) in the folder,
+ * whether or not gp_tokens_files would accept them (one split missing, or
+ * two of one).  Returns how many. */
+int gp_tokens_candidates(const char *path, char (*out)[1100], int max);
 gp_status gp_synthetic_make(int64_t n, int classes, int64_t c, int64_t h,
                             int64_t w, uint64_t seed, gp_dataset *ds);
 /* Synthetic data for a model that reads token ids (gp_data_config.

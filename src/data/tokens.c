@@ -154,6 +154,28 @@ static bool split_name(const char *name, const char *kind)
     return !strcmp(name, bare) || ends_with(name, under);
 }
 
+int gp_tokens_candidates(const char *path, char (*out)[1100], int max)
+{
+    struct stat st;
+    int n = 0;
+    if (max < 2 || stat(path, &st) != 0) return 0;
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(out[n++], 1100, "%.1000s", path);
+        if (ends_with(path, "train.bin"))
+            snprintf(out[n++], 1100, "%.*sval.bin", (int)(strlen(path) - strlen("train.bin")),
+                     path);
+        return n;
+    }
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < max)
+        if (split_name(e->d_name, "train") || split_name(e->d_name, "val"))
+            snprintf(out[n++], 1100, "%.800s/%.256s", path, e->d_name);
+    closedir(d);
+    return n;
+}
+
 gp_status gp_tokens_files(const char *path, char train[1024], char val[1024])
 {
     struct stat st;
