@@ -959,12 +959,12 @@ def _check_one_run(paths, files, ranks):
     of one count of ranks, the same steps, and clocks that start together.
     A trace of another run merged in gave a 'step' of 8 s and a bubble of
     0.998 without a word; ranks left out are said."""
-    rank0, total, last0 = ranks[0]
+    rank0, total, last0, cut0 = ranks[0]
     if rank0 not in (None, 0):
         raise TraceError(paths[0], "is rank %d's trace; rank 0's comes first (its time axis "
                          "is the merged one's)" % rank0)
     seen = {}
-    for path, (rank, count, last) in zip(paths, ranks):
+    for path, (rank, count, last, cut) in zip(paths, ranks):
         if count is not None and total is not None and count != total:
             raise TraceError(path, "is a trace of a run of %d ranks, %s one of %d: traces of "
                              "different runs; merge the ranks of one run"
@@ -973,7 +973,10 @@ def _check_one_run(paths, files, ranks):
             raise TraceError(path, "is rank %d's trace, as %s is: give each rank's trace once"
                              % (rank, seen[rank]))
         seen[rank] = path
-        if last is not None and last0 is not None and last != last0:
+        # a rank cut off (killed mid-run) ends earlier than the others: only
+        # a whole trace must end where rank 0's whole one does
+        if last is not None and last0 is not None and last != last0 and not (
+                (cut and last <= last0) or (cut0 and last0 <= last)):
             raise TraceError(path, "ends at step %d, %s at step %d: traces of different runs "
                              "(or of other --trace-steps); merge the ranks of one run"
                              % (last, paths[0], last0))
@@ -1008,7 +1011,7 @@ def merge(out, paths):
                   % (path, len(events)), file=sys.stderr)
         files.append((path, origin - (_head_number(head, "clock_offset_s") or 0.0), events))
         ranks.append((_head_number(head, "rank"), _head_number(head, "ranks"),
-                      _last_step(events)))
+                      _last_step(events), bool(cut)))
     _check_one_run(paths, files, ranks)
     ref = files[0][1]
     owner, merged = {}, []

@@ -685,6 +685,14 @@ def test_bad_inputs(tmp, trace):
                 "ends at step 1", "merge of a run of other steps")
     check_fails(["merge", m, r0, rank_trace("late.json", 1, 2, 121.0, 3)], "late.json",
                 "began 21.0 s after", "merge of a rank of a later run")
+    # a rank cut off inside the last step (killed mid-run) ends earlier than
+    # rank 0: merged, with its warning (refused as another run's for a while)
+    with open(rank_trace("whole1.json", 1, 2, 100.0003, 3), "rb") as f:
+        whole = f.read()
+    cut = put("cut1.json", whole[:whole.rindex(b'"name": "step 2"')])
+    rc, out, err = run_script(["merge", os.path.join(d, "cutm.json"), r0, cut])
+    check(rc == 0 and "2 traces" in out and "cut1.json: warning: cut off" in err,
+          "merge of a rank cut off in its last step: %d %s %s" % (rc, out, err))
     # the output forgotten ('merge r0.json r1.json'): a rank's trace there is
     # not overwritten, and an output that is one of the traces is refused
     with open(trace, "rb") as f:
