@@ -2372,6 +2372,70 @@ static void test_resume_old_names(void)
           tensors_named(p, "4.downsample.") == 0);
 }
 
+/* A snapshot whose gpipe.layer_options an earlier gpipe wrote (version 1:
+ * no version key, cut 80 bytes short of 4096) resumes without a word into
+ * the same model, however many layers have options: a model of 150 batch
+ * norms was warned of as another model (layer 113's options "(none)"). */
+static void test_resume_v1_options(void)
+{
+    char cfg[8192], a[4096], p[1100], dir[300];
+    int off = snprintf(cfg, sizeof cfg, "model:\n  input: [2, 2, 2]\n  layers:\n");
+    for (int k = 0; k < 150; k++) off += snprintf(cfg + off, sizeof cfg - off, "    - batchnorm\n");
+    snprintf(cfg + off, sizeof cfg - off, "    - flatten\n    - linear: {out: 10}\n"
+             "data:\n  dataset: synthetic\n  synthetic: {train: 64, test: 16, shape: [2, 2, 2]}\n"
+             "train: {steps: 4, batch_size: 16, log_every: 0}\n");
+    snprintf(p, sizeof p, "%s/bn150.yaml", tmpdir);
+    gpt_write_file(p, cfg, strlen(cfg));
+    snprintf(dir, sizeof dir, "%s/bn150", tmpdir);
+    snprintf(a, sizeof a, "rm -rf %s", dir);
+    CHECK(system(a) == 0);
+    snprintf(a, sizeof a, "%s/bn150.yaml --set train.snapshot.every_steps=2 "
+             "--set train.snapshot.dir=%s", tmpdir, dir);
+    CHECK(train(a) == 0);
+    gp_snapshot_path(dir, 2, p, sizeof p);
+    gp_st_file f;
+    CHECK_OK(gp_st_read(p, &f));
+    gp_st_writer w = {0};
+    for (int i = 0; i < f.n; i++)
+        CHECK_OK(gp_st_writer_add(&w, f.tensors[i].name, f.tensors[i].dtype, f.tensors[i].ndim,
+                                  f.tensors[i].dims, f.tensors[i].data,
+                                  f.tensors[i].end - f.tensors[i].begin));
+    size_t v1_len = 0;
+    for (int i = 0; i < f.n_meta; i++) {
+        const char *k = f.meta[2 * i], *v = f.meta[2 * i + 1];
+        if (!strcmp(k, "gpipe.crc32") || !strcmp(k, "gpipe.header_crc32") ||
+            !strcmp(k, "gpipe.layer_options_version"))
+            continue;
+        if (!strcmp(k, "gpipe.layer_options")) { /* its items while 80 short of 4096 */
+            static char v1[4096];
+            size_t o = 0;
+            for (const char *q = v; *q && o + 80 < sizeof v1;) {
+                const char *e = strchr(q, ';');
+                size_t n = e ? (size_t)(e - q) : strlen(q);
+                o += (size_t)snprintf(v1 + o, sizeof v1 - o, "%s%.*s", o ? ";" : "", (int)n, q);
+                q = e ? e + 1 : q + n;
+            }
+            v1_len = strlen(v1);
+            CHECK_MSG(v1_len < strlen(v), "version 1 keeps all %zu bytes: no cut to test",
+                      strlen(v));
+            v = v1;
+        }
+        CHECK_OK(gp_st_writer_meta(&w, k, v));
+    }
+    gp_st_free(&f);
+    CHECK_OK(gp_st_write_atomic(&w, p));
+    gp_st_writer_free(&w);
+    snprintf(a, sizeof a, "%s/bn150.yaml --resume %s --set train.snapshot.every_steps=2 "
+             "--set train.snapshot.dir=%s", tmpdir, p, dir);
+    CHECK(train(a) == 0);
+    snprintf(a, sizeof a, "%s/log.txt", tmpdir);
+    char *log = gpt_read_file(a, NULL);
+    CHECK_MSG(v1_len > 3900 && log && !strstr(log, "warning:"),
+              "an earlier gpipe's snapshot (layer options cut at %zu bytes) resumed with a "
+              "warning: %s", v1_len, log ? log : "(no log)");
+    free(log);
+}
+
 /* A step whose gradients are not finite, found by clipping before its
  * update (lr 1e30 blows the model up within a few steps), stops the run
  * with exit 4 and a final snapshot of the last good step K: the model a
@@ -2475,6 +2539,7 @@ int main(void)
         test_resume_adam();
         test_state_any_replicas();
         test_resume_old_names();
+        test_resume_v1_options();
         test_nonfinite_step();
 #ifdef __SANITIZE_THREAD__
         /* Under ThreadSanitizer (CI runs this test there for the snapshot

@@ -280,8 +280,13 @@ static const char *input_str(const gp_config *cfg, char *buf, size_t len)
 static void layer_options(const gp_model *m, int version, char *buf, size_t len)
 {
     size_t off = 0;
+    /* version 1 stopped 80 bytes short of a 4096-byte buffer: compared as it
+     * was written, or a long model's (ResNet-152's batch norms) never
+     * matches and every resume warns of another model */
+    size_t margin = version < 2 ? 80 : 200;
+    if (version < 2 && len > 4096) len = 4096;
     buf[0] = '\0';
-    for (int k = 0; k < m->n_layers && off + 200 < len; k++) {
+    for (int k = 0; k < m->n_layers && off + margin < len; k++) {
         const gp_layer_spec *sp = &m->layers[k].spec;
         char opt[160], x[24], y[24], z[24];
         switch (sp->type) {
