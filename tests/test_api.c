@@ -301,11 +301,23 @@ static void test_misuse(void)
     CHECK_ERR(gp_run_step(NULL, x, y, N, 0, NULL), GP_ERR_INVALID, "gp_run_step: the run is NULL");
     gp_decoder *dec = NULL;
     CHECK_ERR(gp_decoder_open(NULL, 1, &dec), GP_ERR_INVALID, "gp_decoder_open: the run is NULL");
-    CHECK(gp_run_evaluate(NULL, x, y, N, &l, &a) == GP_ERR_INVALID);
-    CHECK(gp_run_train(NULL, NULL, NULL) == GP_ERR_INVALID);
-    CHECK(gp_run_export_weights(NULL, "w") == GP_ERR_INVALID);
-    CHECK(gp_run_summary(NULL, NULL) == GP_ERR_INVALID);
-    CHECK(gp_run_device_memory(NULL, 0, NULL, NULL, NULL) == GP_ERR_INVALID);
+    /* every call that takes a run, each by its own name (gp_run_train was
+     * named gp_run_train_ex, gp_run_device_memory gp_gp_run_device_memory) */
+    CHECK_ERR(gp_run_evaluate(NULL, x, y, N, &l, &a), GP_ERR_INVALID,
+              "gp_run_evaluate: the run is NULL");
+    CHECK_ERR(gp_run_train(NULL, NULL, NULL), GP_ERR_INVALID, "gp_run_train: the run is NULL");
+    CHECK_ERR(gp_run_train_ex(NULL, NULL, NULL), GP_ERR_INVALID,
+              "gp_run_train_ex: the run is NULL");
+    CHECK_ERR(gp_run_export_weights(NULL, "w"), GP_ERR_INVALID,
+              "gp_run_export_weights: the run is NULL");
+    CHECK_ERR(gp_run_summary(NULL, NULL), GP_ERR_INVALID, "gp_run_summary: the run is NULL");
+    CHECK_ERR(gp_run_device_memory(NULL, 0, NULL, NULL, NULL), GP_ERR_INVALID,
+              "gp_run_device_memory: the run is NULL");
+    CHECK_ERR(gp_run_inference_only(NULL), GP_ERR_INVALID,
+              "gp_run_inference_only: the run is NULL");
+    CHECK_ERR(gp_run_predict(NULL, x, N, y), GP_ERR_INVALID, "gp_run_predict: the run is NULL");
+    CHECK_ERR(gp_run_check_output(NULL, "w", "--x"), GP_ERR_INVALID,
+              "gp_run_check_output: the run is NULL");
     CHECK(gp_run_devices(NULL) == 0);
     gp_run_stop(NULL, 2);
     gp_run *run = NULL;

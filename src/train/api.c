@@ -35,9 +35,11 @@ struct gp_run {
 };
 
 /* The checks every call on a run makes first. */
-#define RUN_ARG(r)                                                                     \
-    do {                                                                               \
-        if (!(r)) return gp_error_set(GP_ERR_INVALID, "gp_%s: the run is NULL", __func__); \
+/* A NULL run refused, named by the public call the caller made (__func__
+ * named the static helper, or the public call twice prefixed). */
+#define RUN_ARG(r, call)                                                                \
+    do {                                                                                \
+        if (!(r)) return gp_error_set(GP_ERR_INVALID, "%s: the run is NULL", (call));   \
     } while (0)
 
 /* The caller's batch: inputs, targets and at least one sample. */
@@ -258,7 +260,7 @@ static gp_status prepare(gp_run *r, bool loads)
 
 static gp_status run_prepare(gp_run *r)
 {
-    RUN_ARG(r);
+    RUN_ARG(r, "gp_run_prepare");
     GP_TRY(same_process(r, "gp_run_prepare"));
     return prepare(r, false);
 }
@@ -266,7 +268,7 @@ static gp_status run_prepare(gp_run *r)
 static gp_status run_step(gp_run *r, const float *x, const float *y, int64_t n,
                           int64_t total_steps, gp_metrics *out)
 {
-    RUN_ARG(r);
+    RUN_ARG(r, "gp_run_step");
     GP_TRY(batch_arg("gp_run_step", x, y, n));
     GP_TRY(usable(r, "gp_run_step"));
     if (r->inference)
@@ -305,6 +307,7 @@ static gp_status run_step(gp_run *r, const float *x, const float *y, int64_t n,
 
 gp_status gp_run_train(gp_run *r, const char *metrics_path, gp_metrics *out)
 {
+    RUN_ARG(r, "gp_run_train"); /* (not gp_run_train_ex's name) */
     gp_train_options o = GP_TRAIN_OPTIONS_INIT;
     o.metrics_path = metrics_path;
     return gp_run_train_ex(r, &o, out);
@@ -312,7 +315,7 @@ gp_status gp_run_train(gp_run *r, const char *metrics_path, gp_metrics *out)
 
 static gp_status run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics *out)
 {
-    RUN_ARG(r);
+    RUN_ARG(r, "gp_run_train_ex");
     GP_TRY(same_process(r, "gp_run_train_ex"));
     if (r->inference)
         return gp_error_set(GP_ERR_INVALID, "gp_run_train_ex: the run is for inference only "
@@ -373,7 +376,7 @@ static gp_status run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics
 static gp_status run_evaluate(gp_run *r, const float *x, const float *y, int64_t n,
                               double *loss, double *accuracy)
 {
-    RUN_ARG(r);
+    RUN_ARG(r, "gp_run_evaluate");
     GP_TRY(batch_arg("gp_run_evaluate", x, y, n));
     GP_TRY(usable(r, "gp_run_evaluate"));
     GP_TRY(gp_run_prepare(r));
@@ -389,7 +392,7 @@ static gp_status run_evaluate(gp_run *r, const float *x, const float *y, int64_t
 
 static gp_status run_predict(gp_run *r, const float *x, int64_t n, float *out)
 {
-    RUN_ARG(r);
+    RUN_ARG(r, "gp_run_predict");
     if (n < 1 || !x || !out)
         return gp_error_set(GP_ERR_INVALID, "gp_run_predict needs at least one sample, inputs "
                             "and an output buffer (got n = %lld, x %s, out %s)", (long long)n,
@@ -422,7 +425,7 @@ static gp_status spares_inputs(const gp_run *r, const char *path, const char *wh
 
 static gp_status run_check_output(const gp_run *r, const char *path, const char *what)
 {
-    RUN_ARG(r);
+    RUN_ARG(r, "gp_run_check_output");
     if (!what || !what[0]) what = "gp_run_check_output";
     GP_TRY(spares_inputs(r, path ? path : "", what));
     return gp_check_writable_file(path, what, true);
@@ -430,7 +433,7 @@ static gp_status run_check_output(const gp_run *r, const char *path, const char 
 
 static gp_status run_export_weights(gp_run *r, const char *path)
 {
-    RUN_ARG(r);
+    RUN_ARG(r, "gp_run_export_weights");
     GP_TRY(usable(r, "gp_run_export_weights"));
     if (!path || !path[0])
         return gp_error_set(GP_ERR_INVALID, "gp_run_export_weights needs a file path");
@@ -444,7 +447,7 @@ static gp_status run_export_weights(gp_run *r, const char *path)
 
 static gp_status run_describe(const gp_run *r, gp_run_info *out)
 {
-    RUN_ARG(r);
+    RUN_ARG(r, "gp_run_describe");
     if (!out) return gp_error_set(GP_ERR_INVALID, "gp_run_describe: out is NULL");
     memset(out, 0, sizeof *out);
     const gp_model_config *mc = &r->cfg.model;
@@ -490,7 +493,7 @@ static gp_status run_save(gp_run *r, const char *path)
         return gp_error_set(GP_ERR_INVALID, "gp_run_save: the run is for inference only "
                             "(gp_run_inference_only): it holds no optimizer state to save; "
                             "gp_run_export_weights writes its weights");
-    RUN_ARG(r);
+    RUN_ARG(r, "gp_run_save");
     GP_TRY(usable(r, "gp_run_save"));
     if (path && path[0]) GP_TRY(spares_inputs(r, path, "gp_run_save"));
     GP_TRY(gp_check_writable_file(path, "gp_run_save", true));
@@ -503,7 +506,7 @@ static gp_status run_save(gp_run *r, const char *path)
 
 static gp_status run_restore(gp_run *r, const char *path)
 {
-    RUN_ARG(r);
+    RUN_ARG(r, "gp_run_restore");
     if (!path || !path[0])
         return gp_error_set(GP_ERR_INVALID, "gp_run_restore needs a snapshot's path");
     GP_TRY(same_process(r, "gp_run_restore"));
@@ -542,7 +545,7 @@ static gp_status run_restore(gp_run *r, const char *path)
 
 static gp_status run_summary(const gp_run *r, FILE *f)
 {
-    RUN_ARG(r);
+    RUN_ARG(r, "gp_run_summary");
     if (!f) f = stdout;
     GP_TRY(gp_model_summary(&r->cfg, f));
     if (fflush(f) != 0 || ferror(f))
@@ -566,7 +569,7 @@ int gp_run_devices(const gp_run *r) { return r && r->prepared ? r->n_dev : 0; }
 gp_status gp_run_device_memory(const gp_run *r, int j, const char **name, size_t *peak,
                                size_t *current)
 {
-    RUN_ARG(r);
+    RUN_ARG(r, "gp_run_device_memory");
     GP_TRY(same_process(r, "gp_run_device_memory")); /* (its lock may be held) */
     if (!r->prepared)
         return gp_error_set(GP_ERR_INVALID, "gp_run_device_memory: the run has no devices "
@@ -597,7 +600,7 @@ gp_status gp_run_device_memory(const gp_run *r, int j, const char **name, size_t
 
 gp_status gp_run_inference_only(gp_run *r)
 {
-    RUN_ARG(r);
+    RUN_ARG(r, "gp_run_inference_only");
     if (r->prepared)
         return gp_error_set(GP_ERR_INVALID, "gp_run_inference_only: the run is prepared "
                             "already (its model has its gradients); call it before "
@@ -635,7 +638,7 @@ gp_status gp_run_predict(gp_run *r, const float *x, int64_t n, float *out)
 
 static gp_status decoder_open(gp_run *r, int64_t samples, gp_decoder **out)
 {
-    RUN_ARG(r);
+    RUN_ARG(r, "gp_decoder_open");
     if (!out) return gp_error_set(GP_ERR_INVALID, "gp_decoder_open: out is NULL");
     *out = NULL;
     GP_TRY(usable(r, "gp_decoder_open"));
