@@ -228,6 +228,33 @@ static void test_shapes_and_errors(void)
     }
 }
 
+/* Words quoted for a shell: what /bin/sh reads back is the word, and plain
+ * words stay plain (the run-end suggestion's command is run as printed). */
+static void test_shell_words(void)
+{
+    static const char *const words[] = {
+        "plain.yaml", "pipeline.devices=[cpu:0, cpu:1]", "model.name=it's", "a b\tc",
+        "$HOME", "x=`id`", "'", "''a'", "back\\slash", "semi;colon", "{a: 1}", "~", "",
+    };
+    for (size_t k = 0; k < sizeof words / sizeof words[0]; k++) {
+        char q[256], cmd[400], got[256] = "";
+        gp_shell_word(words[k], q, sizeof q);
+        snprintf(cmd, sizeof cmd, "printf '%%s' %s", q);
+        FILE *f = popen(cmd, "r");
+        CHECK(f != NULL);
+        size_t n = f ? fread(got, 1, sizeof got - 1, f) : 0;
+        got[n] = '\0';
+        if (f) CHECK(pclose(f) == 0);
+        CHECK_MSG(!strcmp(got, words[k]), "'%s' quoted as %s reads back as '%s'", words[k], q,
+                  got);
+    }
+    char q[64];
+    CHECK(!strcmp(gp_shell_word("configs/tiny-gpt.yaml", q, sizeof q), "configs/tiny-gpt.yaml"));
+    CHECK(!strcmp(gp_shell_word("it's", q, sizeof q), "'it'\\''s'"));
+    /* cut to fit, still a string */
+    CHECK(strlen(gp_shell_word("a b c d e f g h i j k l", q, 8)) < 8);
+}
+
 /* Entries in dir, "." and ".." left out. */
 static int entries(const char *dir)
 {
@@ -364,5 +391,6 @@ int main(void)
     test_bytes();
     test_shapes_and_errors();
     test_output_paths();
+    test_shell_words();
     return gpt_finish("test_core");
 }

@@ -80,6 +80,10 @@ const char *gp_opt_name(gp_opt o);
  * --set 'k={a: 1}' (quoted for a shell where needed); for the library
  * gp_train_options.resume = "DIR", override "k={a: 1}".  Into buf. */
 const char *gp_opt_value(gp_opt o, const char *value, char *buf, size_t len);
+/* s as one word of a POSIX shell's command line: as it is where nothing in
+ * it is special, else in single quotes (a ' in it written '\''); into buf
+ * (cut to fit: a command that long is not run from a message anyway). */
+const char *gp_shell_word(const char *s, char *buf, size_t len);
 /* At most `most` bytes of s[0..n) for a message that quotes a file's text:
  * control bytes (below 0x20, and 0x7f) written \xNN, so that a binary file's
  * error cannot drive the terminal; "..." after a cut.  Into buf. */

@@ -79,12 +79,34 @@ void gp_opt_rename(gp_opt o, const char *name)
     if ((unsigned)o < GP_OPT_COUNT) atomic_store(&g_renamed[o], name);
 }
 
+const char *gp_shell_word(const char *s, char *buf, size_t len)
+{
+    if (len == 0) return buf;
+    if (s[0] && !strpbrk(s, " \t\n{}[]*?;&|<>()$\"'\\`#~!^")) {
+        snprintf(buf, len, "%s", s);
+        return buf;
+    }
+    size_t n = 0;
+    buf[n++] = '\'';
+    for (; *s && n + 6 < len; s++) {
+        if (*s == '\'') {
+            memcpy(buf + n, "'\\''", 4);
+            n += 4;
+        } else {
+            buf[n++] = *s;
+        }
+    }
+    if (n + 1 < len) buf[n++] = '\'';
+    buf[n < len ? n : len - 1] = '\0';
+    return buf;
+}
+
 const char *gp_opt_value(gp_opt o, const char *value, char *buf, size_t len)
 {
     const char *name = gp_opt_name(o);
     if (atomic_load(&g_flags)) {
-        bool quote = strpbrk(value, " \t{}[]*?;&|<>()$\"'\\`#~!") != NULL;
-        snprintf(buf, len, quote ? "%s '%s'" : "%s %s", name, value);
+        char w[2048];
+        snprintf(buf, len, "%s %s", name, gp_shell_word(value, w, sizeof w));
     } else {
         snprintf(buf, len, o == GP_OPT_SET ? "%s \"%s\"" : "%s = \"%s\"", name, value);
     }

@@ -2200,16 +2200,20 @@ static const char *balance_tool(char *buf, size_t len)
  * a command that balanced 1). */
 static const char *balance_command(const gp_config *cfg, char *buf, size_t len)
 {
-    char tool[PATH_MAX + 16];
-    size_t off = (size_t)snprintf(buf, len, "%s %s", balance_tool(tool, sizeof tool), cfg->path);
+    /* a command to run whoever trains (gpipe-train, or a library caller):
+     * gpipe-balance's own flags, each word quoted for a shell */
+    char tool[PATH_MAX + 16], tq[PATH_MAX + 64], pq[PATH_MAX + 64];
+    size_t off = (size_t)snprintf(buf, len, "%s %s",
+                                  gp_shell_word(balance_tool(tool, sizeof tool), tq, sizeof tq),
+                                  gp_shell_word(cfg->path, pq, sizeof pq));
     for (const char *o = cfg->overrides; o && *o && off < len;) {
         const char *e = strchr(o, '\n');
         size_t l = e ? (size_t)(e - o) : strlen(o);
         char one[1024], q[1200];
         snprintf(one, sizeof one, "%.*s", (int)(l < sizeof one ? l : sizeof one - 1), o);
         if (one[0])
-            off += (size_t)snprintf(buf + off, len - off, " %s",
-                                    gp_opt_value(GP_OPT_SET, one, q, sizeof q));
+            off += (size_t)snprintf(buf + off, len - off, " --set %s",
+                                    gp_shell_word(one, q, sizeof q));
         o = e ? e + 1 : o + l;
     }
     return buf;
