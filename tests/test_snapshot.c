@@ -1127,6 +1127,23 @@ static void test_resume_changed_lm(void)
                   cases[c].warning ? cases[c].warning : "no warning", log ? log : "(no log)");
         free(log);
     }
+    /* model.init_from spelt another way is the same file: no warning (it
+     * compared the strings) */
+    snprintf(a, sizeof a, "%s --set train.steps=1 --export-weights %s/lm-init.st", cfg, tmpdir);
+    CHECK(train(a) == 0);
+    snprintf(a, sizeof a, "rm -rf %s/lmi", tmpdir);
+    CHECK(system(a) == 0);
+    snprintf(a, sizeof a, "%s --set train.steps=2 --set train.snapshot.every_steps=2 --set "
+             "train.snapshot.dir=%s/lmi --set model.init_from=%s/lm-init.st", cfg, tmpdir,
+             tmpdir);
+    CHECK(train(a) == 0);
+    snprintf(a, sizeof a, "%s --set train.steps=3 --set model.init_from=%s/./lm-init.st "
+             "--resume %s/lmi/snapshot-000000002.safetensors", cfg, tmpdir, tmpdir);
+    int rc0 = train(a);
+    char *log0 = gpt_read_file(lp, NULL);
+    CHECK_MSG(rc0 == 0 && log0 && !strstr(log0, "warning:"),
+              "model.init_from as ./ of the same file: exit %d: %s", rc0, log0 ? log0 : "");
+    free(log0);
     /* the snapshot into another model under another optimizer: said as
      * another model (it was "holds no Adam state", and after the optimizer
      * was changed as told, "does not fit this model") */

@@ -1296,10 +1296,11 @@ gp_status gp_snapshot_latest(const char *dir, char *path, size_t len)
     }
     free(steps);
     return gp_error_set(GP_ERR_IO, "no complete snapshot in '%s'%s", dir,
-                        n ? " (every one there failed to verify; see the warnings): a "
-                            "damaged file cannot be resumed; start the run again without "
-                            "resuming, into an empty train.snapshot.dir (the damaged files "
-                            "stay where they are, to look at)" :
+                        n ? " (every one there failed to load; the warnings above say why: "
+                            "a missing part file or another format version can be put "
+                            "right, and the run then resumes; a damaged file cannot, and "
+                            "the run starts again without resuming, into an empty "
+                            "train.snapshot.dir, the damaged files left there to look at)" :
                             "; nothing to resume (a run takes snapshots with "
                             "train.snapshot.every_steps or every_minutes, and one stopped "
                             "before its first leaves none: start it again without resuming)");
@@ -2100,7 +2101,9 @@ gp_status gp_snapshot_restore(gp_model *m, const gp_config *cfg, const char *pat
                 "and a Transformer's context, no longer the original run's); put model.input "
                 "back to go on with the same one", path, was_in, now_in);
     const char *init = gp_st_meta(&f, "gpipe.init_from"); /* (absent before 2026-12-01) */
-    if (s == GP_OK && init && cfg->model.init_from[0] && strcmp(init, cfg->model.init_from))
+    /* (one file however spelt: ./w.safetensors is w.safetensors) */
+    if (s == GP_OK && init && cfg->model.init_from[0] && strcmp(init, cfg->model.init_from) &&
+        !gp_same_file(init, cfg->model.init_from))
         GP_WARN("model.init_from (%s) is not read: %s goes on from the weights of its run, "
                 "which started from %s; to start from %s, run afresh with another "
                 "train.snapshot.dir", cfg->model.init_from, path,
