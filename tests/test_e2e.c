@@ -1086,7 +1086,7 @@ static void test_config_checks(void)
                  "(%s/train-images-idx3-ubyte) has samples of [1, 6, 6]; set model.input to "
                  "match the data (a run would stop there)", dir);
         CHECK_MSG(rc == 0 && strstr(out, want), "--dry-run: exit %d: %s", rc, out);
-        /* and the classes: 3 outputs for mnist's 10 */
+        /* no data where data.path points: a note, and no check of shapes */
         snprintf(cmd, sizeof cmd, "%s %s --set model.input=[1,6,6] --set "
                  "'data.path=/usr/share/datasets/nope' --dry-run", bin, cfg);
         rc = run(cmd, out, sizeof out);
