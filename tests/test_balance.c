@@ -28,6 +28,7 @@
 #include "test.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -1094,6 +1095,109 @@ static void test_simulator_whole_backward(void)
             }
         }
     CHECK_MSG(ok, "stage 0's whole backward: its split does not change the simulated step");
+}
+
+/* The simulator keeps the last schedule it built (the balancer and the
+ * planner simulate one schedule under hundreds of splits): every result is
+ * the one a fresh simulation gives, whatever was simulated between, and a
+ * simulation on another thread (its own cache, freed at its exit) too. */
+typedef struct {
+    const gp_profile *p;
+    const int *bal;
+    gp_sim_result r;
+    gp_status s;
+} sim_arg;
+
+static void *sim_thread(void *a)
+{
+    sim_arg *x = a;
+    x->s = gp_simulate_schedule(x->p, GP_SCHEDULE_ZB_V, 2, 2, x->bal, 6, GP_CKPT_NEVER, false,
+                                NULL, &x->r);
+    return NULL;
+}
+
+static void test_simulator_cache(void)
+{
+    enum { L = 6, S = 4 };
+    gp_layer_mem mem[L];
+    gp_layer_times t[L];
+    memset(mem, 0, sizeof mem);
+    memset(t, 0, sizeof t);
+    for (int k = 0; k < L; k++) {
+        t[k].fwd = 1 + k % 3;
+        t[k].bwd_data = 2 + k % 2;
+        t[k].bwd_weights = 1.5;
+        mem[k].keep_per_sample = 100 + 10 * k;
+        mem[k].out_per_sample = 50;
+        mem[k].in_per_sample = 50;
+        mem[k].param_bytes = 10;
+    }
+    int bal[L];
+    gp_profile p = unit_profile(L, 6, S, mem, t, bal);
+    int v[4] = {2, 1, 1, 2}, one[2] = {3, 3}, loop[4] = {1, 2, 2, 1};
+    int six[6] = {1, 1, 1, 1, 1, 1}, three[3] = {2, 2, 2};
+    const int *const splits[5] = {v, one, loop, six, three};
+    static const struct {
+        gp_schedule_kind k;
+        int n, v, m;
+        gp_checkpoint_mode ck;
+        int which;
+    } runs[] = {{GP_SCHEDULE_ZB_V, 2, 2, 6, GP_CKPT_NEVER, 0},
+                {GP_SCHEDULE_ZB_V, 2, 2, 6, GP_CKPT_ALWAYS, 0},       /* checkpointing */
+                {GP_SCHEDULE_ZB_V, 2, 2, 4, GP_CKPT_ALWAYS, 0},       /* m */
+                {GP_SCHEDULE_INTERLEAVED, 2, 2, 4, GP_CKPT_ALWAYS, 2}, /* kind */
+                {GP_SCHEDULE_INTERLEAVED, 2, 3, 4, GP_CKPT_ALWAYS, 3}, /* v */
+                {GP_SCHEDULE_1F1B, 2, 1, 4, GP_CKPT_ALWAYS, 1},       /* kind and v */
+                {GP_SCHEDULE_1F1B, 3, 1, 4, GP_CKPT_ALWAYS, 4},       /* n */
+                {GP_SCHEDULE_ZB_V, 2, 2, 6, GP_CKPT_NEVER, 0}};
+    /* each run's reference: built fresh (another schedule simulated just
+     * before, so nothing of it is kept); then the runs back to back, each
+     * after one that differs in one of the keys (kind, m, checkpointing):
+     * a key the cache forgot gives the run before's schedule */
+    gp_sim_result ref[8], r, first = {0};
+    int flush[2] = {3, 3};
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t q = 0; q < sizeof runs / sizeof runs[0]; q++) {
+            const int *b = splits[runs[q].which];
+            p.chunks = runs[q].m;
+            p.batch = (int64_t)runs[q].m * S;
+            if (pass == 0) { /* a schedule no run has */
+                CHECK_OK(gp_simulate_schedule(&p, GP_SCHEDULE_GPIPE, 2, 1, flush, 1,
+                                              GP_CKPT_EXCEPT_LAST, true, NULL, &r));
+            }
+            CHECK_OK(gp_simulate_schedule(&p, runs[q].k, runs[q].n, runs[q].v, b, runs[q].m,
+                                          runs[q].ck, false, NULL, &r));
+            if (pass == 0) {
+                ref[q] = r;
+                continue;
+            }
+            CHECK_MSG(r.step == ref[q].step && r.bubble == ref[q].bubble &&
+                          r.peak_bytes[0] == ref[q].peak_bytes[0] &&
+                          r.peak_bytes[1] == ref[q].peak_bytes[1],
+                      "run %zu after run %zu: step %.17g, fresh %.17g; peak %.17g, fresh %.17g",
+                      q, q - 1, r.step, ref[q].step, r.peak_bytes[0], ref[q].peak_bytes[0]);
+            if (q == 0) first = r;
+        }
+    /* the keys' runs differ among themselves (else the check above is none) */
+    for (int q = 1; q < 7; q++)
+        CHECK_MSG(ref[q].step != ref[q - 1].step ||
+                      ref[q].peak_bytes[0] != ref[q - 1].peak_bytes[0],
+                  "runs %d and %d simulate alike: the cache's key %d is not checked", q - 1, q,
+                  q);
+    p.chunks = 6;
+    p.batch = 6 * S;
+    /* its split changed: another step (the schedule kept, the times not) */
+    int v2[4] = {1, 2, 2, 1};
+    gp_sim_result o;
+    CHECK_OK(gp_simulate_schedule(&p, GP_SCHEDULE_ZB_V, 2, 2, v2, 6, GP_CKPT_NEVER, false, NULL,
+                                  &o));
+    CHECK(o.step != first.step || o.peak_bytes[0] != first.peak_bytes[0]);
+    /* on another thread: the same */
+    sim_arg x = {.p = &p, .bal = v};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, sim_thread, &x) == 0);
+    CHECK(pthread_join(th, NULL) == 0);
+    CHECK(x.s == GP_OK && x.r.step == first.step && x.r.peak_bytes[0] == first.peak_bytes[0]);
 }
 
 static void test_simulator_formula(void)
@@ -2741,6 +2845,7 @@ int main(int argc, char **argv)
         test_minmax_v_stages();
         test_simulator_formula();
         test_simulator_whole_backward();
+        test_simulator_cache();
         test_keep_recompute_time();
         test_simulator_schedules();
         test_plan_interleaved();
