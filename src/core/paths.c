@@ -303,6 +303,7 @@ static const struct env_rule {
     {"GPIPE_BALANCE", "flops|time", 1, 0, false},
     {"GPIPE_MEMORY_CHECK", "0|1", 1, 0, false},
     {"GPIPE_CPU_CONV", "auto|plain|blocked", 1, 0, false},
+    {"GPIPE_CPU_ISA", "sse41|avx2|avx512|avx512_bf16|amx|native", 1, 0, false},
     {"GPIPE_CPU_STREAMS", "sync|threads", 1, 0, false},
     {"GPIPE_CPU_KEEP_WEIGHTS", "0|1", 1, 0, false},
     {"GPIPE_CPU_KEEP_BLOCKS", "0|1|nhwc", 1, 0, false},
