@@ -342,11 +342,11 @@ static void test_defaults(void)
     CHECK(!strcmp(gp_dataset_name(GP_DATASET_FASHION_MNIST), "fashion-mnist"));
 }
 
-/* stash / pop in YAML: parsed into the specs, and every misuse an error at
- * file:line:column naming the layers */
 /* pipeline.lockstep's default follows the schedule (gp_lockstep_default):
  * lockstep for gpipe's fill-drain, free-running for every other schedule,
- * whose lists reorder work across clocks; written, it holds for any. */
+ * whose lists reorder work across clocks; written, it holds for any, and
+ * written null (or empty) it is not written (it counted as set: every
+ * schedule simulated in lockstep). */
 static void test_lockstep_default(void)
 {
     static const char *const names[] = {"gpipe", "1f1b", "zb-h1", "interleaved",
@@ -371,8 +371,19 @@ static void test_lockstep_default(void)
             CHECK(c.pipeline.lockstep_given == (given != 0));
             gp_config_free(&c);
         }
+    for (int k = 0; k < 2; k++) {
+        const char *sets[] = {"pipeline.devices=[cpu:0, cpu:1]", "pipeline.schedule=zb-v",
+                              k ? "pipeline.lockstep=~" : "pipeline.lockstep=null"};
+        gp_config c;
+        CHECK_OK(parse_set(k_base, sets, 3, &c));
+        CHECK_MSG(!c.pipeline.lockstep_given && !c.pipeline.lockstep, "%s: given %d, %d",
+                  sets[2], c.pipeline.lockstep_given, c.pipeline.lockstep);
+        gp_config_free(&c);
+    }
 }
 
+/* stash / pop in YAML: parsed into the specs, and every misuse an error at
+ * file:line:column naming the layers */
 static void test_skips(void)
 {
     static const char *const k_skips =

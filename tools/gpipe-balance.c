@@ -173,7 +173,11 @@ static gp_status write_config(const char *out_path, const gp_config *cfg, const 
     } else {
         fprintf(o, "  checkpoint: %s\n", gp_checkpoint_mode_name(pc->checkpoint));
     }
-    fprintf(o, "  lockstep: %s\n", pc->lockstep ? "true" : "false");
+    /* only where the config set it or the plan chose other than the
+     * schedule's default: a written default would read as set, and hold
+     * for any schedule a later --set picks (lockstep zb-v: 19% bubble) */
+    if (pc->lockstep_given || pc->lockstep != gp_lockstep_default(pc->schedule))
+        fprintf(o, "  lockstep: %s\n", pc->lockstep ? "true" : "false");
     if (file) { /* a double-quoted scalar: its quotes, backslashes and controls escaped */
         fputs("  schedule: {file: \"", o);
         for (const unsigned char *c = (const unsigned char *)pc->schedule_path; *c; c++) {

@@ -547,7 +547,7 @@ gp_status gp_cfg_parse_pipeline(gp_cfg_walk *w, const gp_ynode *root, gp_pipelin
                           pc->chunks, pc->replicas, (long long)pc->chunks * pc->replicas,
                           GP_MAX_CHUNKS, GP_MAX_CHUNKS / pc->replicas);
     GP_TRY(parse_checkpoint(w, m, pc));
-    pc->lockstep_given = gp_ymap_get(m, "lockstep") != NULL;
+    pc->lockstep_given = !gp_cfg_absent(gp_ymap_get(m, "lockstep")); /* (null: absent) */
     GP_TRY(gp_cfg_get_bool(w, m, "pipeline", "lockstep", gp_lockstep_default(pc->schedule),
                            &pc->lockstep));
     int cp = 0;
