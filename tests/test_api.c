@@ -223,6 +223,24 @@ static void test_summary(void)
               "cuda summary: %s", s ? s : "(none)");
     free(s);
     gp_run_free(run);
+
+    /* balance: auto from YAML text: the command to see the profiled split
+     * takes a file, and says what it stands for (it named '<yaml>'), with
+     * the run's override as --set */
+    const char *auto_ov[] = {"pipeline.balance=auto"};
+    CHECK_OK(gp_run_parse(NULL, k_yaml, auto_ov, 1, &run));
+    if (!run) return;
+    f = fopen(path, "w");
+    if (!f) return;
+    CHECK_OK(gp_run_summary(run, f));
+    fclose(f);
+    s = gpt_read_file(path, NULL);
+    CHECK_MSG(s && strstr(s, "gpipe-balance CONFIG.yaml --set pipeline.balance=auto --devices 2 "
+                             "(CONFIG.yaml: this run's YAML") &&
+                  strstr(s, "saved to a file) prints that split") && !strstr(s, "'<yaml>'"),
+              "balance: auto from text: %s", s ? s : "(none)");
+    free(s);
+    gp_run_free(run);
 }
 
 static void test_train_ex(void)

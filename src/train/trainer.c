@@ -2194,6 +2194,25 @@ static const char *balance_tool(char *buf, size_t len)
     return buf;
 }
 
+/* Whether the run's config is a file a command can name (gp_run_parse's
+ * YAML text is not: its path is a name). */
+static bool config_is_file(const gp_config *cfg)
+{
+    struct stat st;
+    return stat(cfg->path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* After a command balance_command made: where the config is no file, what
+ * CONFIG.yaml stands for ("" otherwise). */
+static const char *config_note(const gp_config *cfg, char *buf, size_t len)
+{
+    if (config_is_file(cfg)) return "";
+    bool named = cfg->path[0] && cfg->path[0] != '<'; /* (gp_run_parse's "<yaml>": none) */
+    snprintf(buf, len, " (CONFIG.yaml: this run's YAML%s%.200s%s, saved to a file)",
+             named ? " '" : "", named ? cfg->path : "", named ? "'" : "");
+    return buf;
+}
+
 /* "gpipe-balance CONFIG --set K=V ..." for advice: the config with the run's
  * own overrides, so that it names the model and the devices the run had
  * (it named the config alone: a run on 2 devices set by --set was advised
@@ -2203,9 +2222,13 @@ static const char *balance_command(const gp_config *cfg, char *buf, size_t len)
     /* a command to run whoever trains (gpipe-train, or a library caller):
      * gpipe-balance's own flags, each word quoted for a shell */
     char tool[PATH_MAX + 16], tq[PATH_MAX + 64], pq[PATH_MAX + 64];
+    /* a config given as YAML text (gp_run_parse) has no file to name: the
+     * command takes one, and says so */
+    bool file = config_is_file(cfg);
     size_t off = (size_t)snprintf(buf, len, "%s %s",
                                   gp_shell_word(balance_tool(tool, sizeof tool), tq, sizeof tq),
-                                  gp_shell_word(cfg->path, pq, sizeof pq));
+                                  file ? gp_shell_word(cfg->path, pq, sizeof pq)
+                                       : "CONFIG.yaml");
     for (const char *o = cfg->overrides; o && *o && off < len;) {
         const char *e = strchr(o, '\n');
         size_t l = e ? (size_t)(e - o) : strlen(o);
@@ -2254,14 +2277,14 @@ static void suggest_setup(const train_run *r, const gp_profile *prof, const gp_s
                             best.balance[j]);
         snprintf(split + off, sizeof split - (size_t)off, "] (balance: auto's for it)");
     }
-    char cmd[4096];
+    char cmd[4096], note[300];
     GP_INFO("the simulator, from this run's profile, puts schedule %s with checkpoint %s%s at "
             "%.2fx this run's throughput on %s and %d micro-batches (a step of %.1f ms against "
-            "%.1f); `%s --simulate` compares every schedule, checkpoint mode and micro-batch "
+            "%.1f); `%s --simulate`%s compares every schedule, checkpoint mode and micro-batch "
             "count, and its --write writes the config",
             gp_schedule_kind_name(b->schedule), gp_checkpoint_mode_name(b->checkpoint), keep,
             b->throughput / own->throughput, split, pc->chunks, 1e3 * b->step, 1e3 * own->step,
-            balance_command(cfg, cmd, sizeof cmd));
+            balance_command(cfg, cmd, sizeof cmd), config_note(cfg, note, sizeof note));
 }
 
 /* report_bubble's lines: the measured bubble beside the simulated one, and
@@ -3222,11 +3245,11 @@ gp_status gp_model_summary(const gp_config *cfg0, FILE *f)
     /* device of each layer, by its stage (m.dev_of) */
     for (int j = 0, f0 = 0; j < m.n_stages; f0 += m.balance[j++])
         for (int k = f0; k < f0 + m.balance[j]; k++) m.layers[k].dev = devs[m.dev_of[j]];
-    char cmd[4096];
+    char cmd[4096], note[300];
     if (flops_split) /* (--devices: devices, not stages: a V or interleaved run has more) */
         fprintf(f, "balance: auto; shown split by estimated FLOPs (a run profiles each layer "
-                   "first and may split otherwise: %s --devices %d prints that split)\n",
-                balance_command(cfg0, cmd, sizeof cmd), n);
+                   "first and may split otherwise: %s --devices %d%s prints that split)\n",
+                balance_command(cfg0, cmd, sizeof cmd), n, config_note(cfg0, note, sizeof note));
     fprintf(f, "model: %d layers, input %lld x %lld x %lld, batch %lld, on %d device%s%s%s%s\n",
             m.n_layers, (long long)cfg->model.input[0], (long long)cfg->model.input[1],
             (long long)cfg->model.input[2], (long long)cfg->train.batch_size, n,
