@@ -744,6 +744,32 @@ static void test_suggest_setup(void)
                                     : strstr(said, "x this run's throughput on the same split") !=
                                           NULL),
                       "the suggestion names its split: %.2000s", out);
+            /* and that split is the one a run of the schedule and mode named
+             * makes (balance: auto, the same cached profile): it was planned
+             * under this run's mode whatever mode the line named */
+            if (two) {
+                char kind[32] = "", mode[32] = "", split[128] = "";
+                const char *ks = strstr(said, "schedule ") + 9;
+                const char *ms = strstr(ks, " with checkpoint ");
+                const char *sp = strstr(said, "split [");
+                if (ms && sp) {
+                    snprintf(kind, sizeof kind, "%.*s", (int)strcspn(ks, " "), ks);
+                    snprintf(mode, sizeof mode, "%.*s", (int)strcspn(ms + 17, " "), ms + 17);
+                    snprintf(split, sizeof split, "%.*s", (int)strcspn(sp + 6, "]") + 1, sp + 6);
+                }
+                snprintf(cmd, sizeof cmd, "env -u GPIPE_BALANCE GPIPE_PROFILE_CACHE='%s' %s %s "
+                         "--no-progress %s --set pipeline.schedule=%s --set "
+                         "'pipeline.checkpoint={mode: %s%s}' --set train.steps=1", cache, bin,
+                         cfg, sets[q], kind, mode, strcmp(mode, "never") ? ", keep: [flatten]"
+                                                                          : "");
+                char out2[16384], want[200];
+                rc = run(cmd, out2, sizeof out2);
+                snprintf(want, sizeof want, "balance (auto, by profiled time): %s over 4 stages",
+                         split);
+                CHECK_MSG(rc == 0 && split[0] && strstr(out2, want),
+                          "the split named for %s with checkpoint %s (%s) is a run's: exit %d: "
+                          "%.1500s", kind, mode, split, rc, out2);
+            }
             /* the keep list is named with a mode that checkpoints (the
              * profile was simulated keeping it) and not with never */
             bool never = said && strstr(said, " with checkpoint never ");

@@ -1021,8 +1021,12 @@ int main(int argc, char **argv)
          * theirs), and interleaved with v = 2 and with the config's own v
          * where that is more (until 2026-11-25 only 2: a virtual: 3 config
          * saw none of its own), each balanced over v n stages the same way
-         * (each with its share of its device's memory), m multiples of n */
-        int bal1[GP_MAX_DEVICES], balv[2][GP_MAX_DEVICES];
+         * (each with its share of its device's memory), m multiples of n;
+         * those and the V schedules each on the split balance: auto gives it
+         * under each checkpoint mode (a mode moves the split: zb-v's under
+         * except_last gives its last stage, which never recomputes, most of
+         * the layers; simulated never on it, it read 21% bubble for 2%) */
+        int bal1[GP_MAX_DEVICES], balv[2][3][GP_MAX_DEVICES], balz[4][3][GP_MAX_DEVICES];
         const int *one = balance;
         if (v > 1) {
             s = gp_balance_plan(&prof, &pd, bal1);
@@ -1032,56 +1036,71 @@ int main(int argc, char **argv)
         struct {
             gp_schedule_kind kind;
             int v;
-            const int *bal;
+            const int *bal[3]; /* per mode (modes[]); NULL: none planned */
         } runs[GP_SCHEDULE_KINDS + 1];
-        int n_runs = 0, balz[GP_MAX_DEVICES];
+        int n_runs = 0;
         for (int k = 0; k < GP_SCHEDULE_KINDS; k++)
             if (k != GP_SCHEDULE_INTERLEAVED && !gp_schedule_v_shape((gp_schedule_kind)k)) {
                 runs[n_runs].kind = (gp_schedule_kind)k;
                 runs[n_runs].v = 1;
-                runs[n_runs++].bal = one;
+                for (int c = 0; c < 3; c++) runs[n_runs].bal[c] = one;
+                n_runs++;
             }
+        /* a placement's run: its split under each mode, where one plans */
+        #define ADD_PLANNED(k_, v_, store)                                                      \
+            do {                                                                              \
+                bool any_ = false;                                                            \
+                for (int c_ = 0; c_ < 3; c_++) {                                              \
+                    bool ok_ = gp_model_plan_placement(&cfg, &prof, (k_), (v_), modes[c_],     \
+                                                       (store)[c_]) == GP_OK;                 \
+                    runs[n_runs].bal[c_] = ok_ ? (store)[c_] : NULL;                          \
+                    any_ = any_ || ok_;                                                       \
+                    gp_error_clear();                                                         \
+                }                                                                             \
+                if (any_) runs[n_runs].kind = (k_), runs[n_runs++].v = (v_);                  \
+            } while (0)
         const int vs[2] = {2, v};
         for (int q = 0; q < (v > 2 ? 2 : 1) && s == GP_OK; q++) {
             if (n < 2 || vs[q] * n > GP_MAX_DEVICES || vs[q] * n > prof.L) continue;
-            if (gp_model_plan_placement(&cfg, &prof, GP_SCHEDULE_INTERLEAVED, vs[q], balv[q]) ==
-                GP_OK) {
-                runs[n_runs].kind = GP_SCHEDULE_INTERLEAVED;
-                runs[n_runs].v = vs[q];
-                runs[n_runs++].bal = balv[q];
-            }
-            gp_error_clear();
+            ADD_PLANNED(GP_SCHEDULE_INTERLEAVED, vs[q], balv[q]);
         }
-        /* zb-v: 2n stages in a V, split by gp_partition_solve_v over the
-         * devices (each stage half its device's memory) */
+        /* the V schedules: 2n stages in a V, each split as a run of it splits
+         * (gp_partition_solve_v over the devices, refined against its own
+         * simulated step) */
         if (s == GP_OK && n >= 2 && 2 * n <= GP_MAX_DEVICES && 2 * n <= prof.L) {
-            if (gp_model_plan_placement(&cfg, &prof, GP_SCHEDULE_ZB_V, 2, balz) == GP_OK) {
-                runs[n_runs].kind = GP_SCHEDULE_ZB_V;
-                runs[n_runs].v = 2;
-                runs[n_runs++].bal = balz;
-                /* the same split: the same V */
-                static const gp_schedule_kind vk[3] = {GP_SCHEDULE_DUALPIPE_V, GP_SCHEDULE_V_HALF,
-                                                       GP_SCHEDULE_V_MIN};
-                for (int q = 0; q < 3; q++) {
-                    runs[n_runs].kind = vk[q];
-                    runs[n_runs].v = 2;
-                    runs[n_runs++].bal = balz;
+            static const gp_schedule_kind vk[4] = {GP_SCHEDULE_ZB_V, GP_SCHEDULE_DUALPIPE_V,
+                                                   GP_SCHEDULE_V_HALF, GP_SCHEDULE_V_MIN};
+            int z = n_runs; /* zb-v's run, where it planned */
+            for (int q = 0; q < 4; q++) {
+                int before = n_runs;
+                ADD_PLANNED(vk[q], 2, balz[q]);
+                /* one the config's m cannot plan (dualpipe-v below 2n
+                 * micro-batches) is simulated on zb-v's split, the same V */
+                if (q > 0 && z < n_runs && runs[z].kind == GP_SCHEDULE_ZB_V) {
+                    if (n_runs == before) {
+                        runs[n_runs].kind = vk[q];
+                        runs[n_runs].v = 2;
+                        for (int c = 0; c < 3; c++) runs[n_runs].bal[c] = NULL;
+                        n_runs++;
+                    }
+                    for (int c = 0; c < 3; c++)
+                        if (!runs[n_runs - 1].bal[c]) runs[n_runs - 1].bal[c] = runs[z].bal[c];
                 }
             }
-            gp_error_clear();
         }
+        #undef ADD_PLANNED
         gp_sim_result r[(GP_SCHEDULE_KINDS + 1) * 3 * 6];
         int cnt = 0;
         for (int u = 0; u < n_runs && s == GP_OK; u++) {
             bool ik = runs[u].kind == GP_SCHEDULE_INTERLEAVED;
             for (int c = 0; c < 3 && s == GP_OK; c++)
-                for (int q = 1; q <= 32 && s == GP_OK; q *= 2) {
+                for (int q = 1; q <= 32 && s == GP_OK && runs[u].bal[c]; q *= 2) {
                     if (q > batch) break;
                     if (ik && q % n) continue;
                     if (runs[u].kind == GP_SCHEDULE_DUALPIPE_V && q < 2 * n) continue;
                     bool ls = gp_config_lockstep_for(&cfg.pipeline, runs[u].kind);
-                    s = gp_simulate_schedule(&prof, runs[u].kind, n, runs[u].v, runs[u].bal, q,
-                                             modes[c], ls, pd.capacity, &r[cnt]);
+                    s = gp_simulate_schedule(&prof, runs[u].kind, n, runs[u].v, runs[u].bal[c],
+                                             q, modes[c], ls, pd.capacity, &r[cnt]);
                     if (s != GP_OK) break;
                     char b1[32], name[16], cl[32];
                     snprintf(name, sizeof name, "interl.%d", r[cnt].v);

@@ -473,11 +473,13 @@ void gp_model_plan_opts(const gp_config *cfg, int n, gp_plan_opts *o)
 }
 
 gp_status gp_model_plan_placement(const gp_config *cfg, const gp_profile *prof,
-                                  gp_schedule_kind kind, int v, int *balance)
+                                  gp_schedule_kind kind, int v, gp_checkpoint_mode ckpt,
+                                  int *balance)
 {
-    gp_config c = *cfg; /* (shallow: the schedule alone differs) */
+    gp_config c = *cfg; /* (shallow: the schedule and the mode alone differ) */
     c.pipeline.schedule = kind;
     c.pipeline.virtual_stages = v;
+    c.pipeline.checkpoint = ckpt;
     c.pipeline.lockstep = gp_config_lockstep_for(&cfg->pipeline, kind);
     gp_plan_opts po;
     gp_model_plan_opts(&c, v * cfg->pipeline.n_devices, &po);

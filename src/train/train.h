@@ -280,13 +280,16 @@ gp_status gp_model_profile_cached(const gp_config *cfg, struct gp_profile *out, 
  * each device's capacity, by time. */
 void gp_model_plan_opts(const gp_config *cfg, int n, struct gp_plan_opts *o);
 /* The split of prof's layers into v x n stages (n = cfg's devices) for
- * schedule kind, as a run of cfg with that schedule and v would balance
- * them: the config's m, checkpointing and memory, under the lockstep a
- * sweep over schedules gives kind (gp_config_lockstep_for).  What the
- * run-end suggestion and gpipe-balance --simulate weigh the interleaved
- * and V placements on; balance gets v x n entries. */
+ * schedule kind, as a run of cfg with that schedule, v and checkpoint mode
+ * ckpt would balance them: the config's m, keep list and memory, under the
+ * lockstep a sweep over schedules gives kind (gp_config_lockstep_for).
+ * What the run-end suggestion and gpipe-balance --simulate weigh the
+ * interleaved and V placements on, each under the mode they name (a
+ * mode moves the split: except_last recomputes every stage but a V's
+ * last, which then takes more layers); balance gets v x n entries. */
 gp_status gp_model_plan_placement(const gp_config *cfg, const struct gp_profile *prof,
-                                  gp_schedule_kind kind, int v, int *balance);
+                                  gp_schedule_kind kind, int v, gp_checkpoint_mode ckpt,
+                                  int *balance);
 
 /* Per-step statistics. */
 typedef struct gp_step_stats {

@@ -2125,42 +2125,53 @@ typedef struct suggestion {
 
 /* Each checkpoint mode of schedule k on split bal (v stages a device) into
  * *best where it fits and is faster. */
-static void suggest_try(const gp_profile *prof, const gp_pipeline_config *pc, gp_schedule_kind k,
-                        int n, int v, const int *bal, const double *capacity, suggestion *best)
+static const gp_checkpoint_mode k_modes[] = {GP_CKPT_ALWAYS, GP_CKPT_EXCEPT_LAST, GP_CKPT_NEVER};
+
+/* Schedule k with checkpoint mode `mode` on split bal into *best where it
+ * is faster and fits. */
+static void suggest_one(const gp_profile *prof, const gp_pipeline_config *pc, gp_schedule_kind k,
+                        int n, int v, const int *bal, gp_checkpoint_mode mode,
+                        const double *capacity, suggestion *best)
 {
-    static const gp_checkpoint_mode modes[] = {GP_CKPT_ALWAYS, GP_CKPT_EXCEPT_LAST,
-                                               GP_CKPT_NEVER};
-    for (int c = 0; c < 3; c++) {
-        gp_sim_result a;
-        if (gp_simulate_schedule(prof, k, n, v, bal, pc->chunks, modes[c],
-                                 gp_config_lockstep_for(pc, k), capacity, &a) == GP_OK &&
-            a.fits && a.throughput > best->sim.throughput) {
-            best->sim = a;
-            memcpy(best->balance, bal, (size_t)(n * v) * sizeof *bal);
-        }
+    gp_sim_result a;
+    if (gp_simulate_schedule(prof, k, n, v, bal, pc->chunks, mode, gp_config_lockstep_for(pc, k),
+                             capacity, &a) == GP_OK &&
+        a.fits && a.throughput > best->sim.throughput) {
+        best->sim = a;
+        memcpy(best->balance, bal, (size_t)(n * v) * sizeof *bal);
     }
     gp_error_clear();
 }
 
+static void suggest_try(const gp_profile *prof, const gp_pipeline_config *pc, gp_schedule_kind k,
+                        int n, int v, const int *bal, const double *capacity, suggestion *best)
+{
+    for (int c = 0; c < 3; c++) suggest_one(prof, pc, k, n, v, bal, k_modes[c], capacity, best);
+}
+
 /* The two-stages-a-device placements into *best: interleaved (v = 2, where
- * the micro-batches are a multiple of n), zb-v, and dualpipe-v on zb-v's
- * split (where there are at least 2n micro-batches). */
+ * the micro-batches are a multiple of n), zb-v and dualpipe-v (where there
+ * are at least 2n micro-batches), each on the split balance: auto gives it
+ * under each checkpoint mode (the split named beside the mode is the one
+ * a run of it makes). */
 static void suggest_two_a_device(const gp_config *cfg, const gp_profile *prof, int n,
                                  const double *capacity, suggestion *best)
 {
     const gp_pipeline_config *pc = &cfg->pipeline;
     if (2 * n > GP_MAX_DEVICES || 2 * n > prof->L) return;
-    static const gp_schedule_kind kinds[] = {GP_SCHEDULE_INTERLEAVED, GP_SCHEDULE_ZB_V};
-    for (int q = 0; q < 2; q++) {
+    static const gp_schedule_kind kinds[] = {GP_SCHEDULE_INTERLEAVED, GP_SCHEDULE_ZB_V,
+                                             GP_SCHEDULE_DUALPIPE_V};
+    for (int q = 0; q < 3; q++) {
         if (kinds[q] == GP_SCHEDULE_INTERLEAVED && pc->chunks % n) continue;
-        int bal[GP_MAX_DEVICES];
-        if (gp_model_plan_placement(cfg, prof, kinds[q], 2, bal) != GP_OK) {
-            gp_error_clear();
-            continue;
+        if (kinds[q] == GP_SCHEDULE_DUALPIPE_V && pc->chunks < 2 * n) continue;
+        for (int c = 0; c < 3; c++) {
+            int bal[GP_MAX_DEVICES];
+            if (gp_model_plan_placement(cfg, prof, kinds[q], 2, k_modes[c], bal) != GP_OK) {
+                gp_error_clear();
+                continue;
+            }
+            suggest_one(prof, pc, kinds[q], n, 2, bal, k_modes[c], capacity, best);
         }
-        suggest_try(prof, pc, kinds[q], n, 2, bal, capacity, best);
-        if (kinds[q] == GP_SCHEDULE_ZB_V && pc->chunks >= 2 * n)
-            suggest_try(prof, pc, GP_SCHEDULE_DUALPIPE_V, n, 2, bal, capacity, best);
     }
 }
 
