@@ -211,8 +211,9 @@ gp_status gp_run_train_ex(gp_run *run, const gp_train_options *opts, gp_metrics 
  * them with sigwait() on a thread of your own, so no signal interrupts a
  * computing thread.  gpipe-train then exits with 128 + the signal's
  * number (130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1); a second signal there
- * 2 s or more after the first exits at once (one sooner is the same stop).  The request stays: later calls to gp_run_train on this
- * run stop before their first step. */
+ * 2 s or more after the first exits at once (one sooner is the same stop).
+ * The request stays: later calls to gp_run_train on this run stop before
+ * their first step. */
 void gp_run_stop(gp_run *run, int signo);
 /* Withdraw a stop request (gp_run_stop's), so that the next gp_run_train
  * on this run trains.  gp_run_step never looks at the request: a loop of

@@ -171,7 +171,8 @@ static void against_window(const char *what, gp_run *run, double tol)
     CHECK_ERR(gp_decoder_feed(NULL, feed, 1, 0, got), GP_ERR_INVALID, "the decoder is NULL");
     CHECK_ERR(gp_decoder_feed(d, NULL, 1, 0, got), GP_ERR_INVALID, "ids is NULL");
     CHECK_ERR(gp_decoder_feed(d, feed, 1, 0, NULL), GP_ERR_INVALID, "out is NULL");
-    CHECK_ERR(gp_decoder_feed(d, feed, 0, 0, got), GP_ERR_INVALID, "at least one id per sequence (n = 0)");
+    CHECK_ERR(gp_decoder_feed(d, feed, 0, 0, got), GP_ERR_INVALID,
+              "at least one id per sequence (n = 0)");
     CHECK(gp_decoder_length(d) == 0);
     gp_decoder_free(d);
 out:
