@@ -190,57 +190,53 @@ static void test_evaluate_and_export(void)
     gp_run_free(run);
 }
 
-static void test_summary(void)
+/* gp_run_summary of the run k_yaml with `ov` makes (name: gp_run_parse's),
+ * as text (malloc'd; NULL where a step failed, said). */
+static char *summary_of(const char *name, const char *const *ov, int n_ov)
 {
     gp_run *run = NULL;
-    CHECK_OK(gp_run_parse("api.yaml", k_yaml, NULL, 0, &run));
-    if (!run) return;
+    CHECK_OK(gp_run_parse(name, k_yaml, ov, n_ov, &run));
+    if (!run) return NULL;
     char path[320];
     snprintf(path, sizeof path, "%s/summary.txt", tmpdir);
     FILE *f = fopen(path, "w");
     CHECK(f != NULL);
-    if (!f) return;
-    CHECK_OK(gp_run_summary(run, f));
-    fclose(f);
-    char *s = gpt_read_file(path, NULL);
+    char *s = NULL;
+    if (f) {
+        CHECK_OK(gp_run_summary(run, f));
+        fclose(f);
+        s = gpt_read_file(path, NULL);
+    }
+    CHECK(gp_run_devices(run) == 0); /* a summary opens nothing for good */
+    gp_run_free(run);
+    return s;
+}
+
+static void test_summary(void)
+{
+    char *s = summary_of("api.yaml", NULL, 0);
     /* 16*32+32 + 32*32+32 + 32*4+4 parameters */
     CHECK_MSG(s && strstr(s, "total: 1732 parameters") && strstr(s, "stage 1 on cpu:1"),
               "summary: %s", s ? s : "(none)");
     free(s);
-    CHECK(gp_run_devices(run) == 0); /* a summary opens nothing for good */
-    gp_run_free(run);
 
     /* a GPU config is described without a GPU */
     const char *ov[] = {"pipeline.devices=[cuda:0, cuda:1]"};
-    CHECK_OK(gp_run_parse("api.yaml", k_yaml, ov, 1, &run));
-    if (!run) return;
-    f = fopen(path, "w");
-    if (!f) return;
-    CHECK_OK(gp_run_summary(run, f));
-    fclose(f);
-    s = gpt_read_file(path, NULL);
+    s = summary_of("api.yaml", ov, 1);
     CHECK_MSG(s && strstr(s, "total: 1732 parameters") && strstr(s, "stage 1 on cuda:1"),
               "cuda summary: %s", s ? s : "(none)");
     free(s);
-    gp_run_free(run);
 
     /* balance: auto from YAML text: the command to see the profiled split
      * takes a file, and says what it stands for (it named '<yaml>'), with
      * the run's override as --set */
     const char *auto_ov[] = {"pipeline.balance=auto"};
-    CHECK_OK(gp_run_parse(NULL, k_yaml, auto_ov, 1, &run));
-    if (!run) return;
-    f = fopen(path, "w");
-    if (!f) return;
-    CHECK_OK(gp_run_summary(run, f));
-    fclose(f);
-    s = gpt_read_file(path, NULL);
+    s = summary_of(NULL, auto_ov, 1);
     CHECK_MSG(s && strstr(s, "gpipe-balance CONFIG.yaml --set pipeline.balance=auto --devices 2 "
                              "(CONFIG.yaml: this run's YAML") &&
                   strstr(s, "saved to a file) prints that split") && !strstr(s, "'<yaml>'"),
               "balance: auto from text: %s", s ? s : "(none)");
     free(s);
-    gp_run_free(run);
 }
 
 static void test_train_ex(void)

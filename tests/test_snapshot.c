@@ -2325,6 +2325,39 @@ static void test_torchgpipe_resnet(void)
     free(keys);
 }
 
+/* The snapshot at p written again as an earlier gpipe would have: each
+ * tensor named by rename (NULL: as it is; counting the names it changed
+ * into *renamed), each metadata value through meta (NULL: as it is; a
+ * NULL value back drops the key), without the checksums earlier files
+ * lacked. */
+static void rewrite_snapshot(const char *p, void (*rename)(const char *, char *, size_t),
+                             const char *(*meta)(const char *key, const char *val),
+                             int *renamed)
+{
+    gp_st_file f;
+    CHECK_OK(gp_st_read(p, &f));
+    gp_st_writer w = {0};
+    if (renamed) *renamed = 0;
+    for (int i = 0; i < f.n; i++) {
+        char nm[256];
+        snprintf(nm, sizeof nm, "%s", f.tensors[i].name);
+        if (rename) rename(f.tensors[i].name, nm, sizeof nm);
+        if (renamed) *renamed += strcmp(nm, f.tensors[i].name) != 0;
+        CHECK_OK(gp_st_writer_add(&w, nm, f.tensors[i].dtype, f.tensors[i].ndim,
+                                  f.tensors[i].dims, f.tensors[i].data,
+                                  f.tensors[i].end - f.tensors[i].begin));
+    }
+    for (int i = 0; i < f.n_meta; i++) {
+        const char *k = f.meta[2 * i], *v = f.meta[2 * i + 1];
+        if (!strcmp(k, "gpipe.crc32") || !strcmp(k, "gpipe.header_crc32")) continue;
+        if (meta) v = meta(k, v);
+        if (v) CHECK_OK(gp_st_writer_meta(&w, k, v));
+    }
+    gp_st_free(&f);
+    CHECK_OK(gp_st_write_atomic(&w, p));
+    gp_st_writer_free(&w);
+}
+
 /* A snapshot written before the projection shortcut took torchgpipe's
  * "module." (its names, momentum's included, rewritten so here) resumes,
  * with a note, bit for bit as the uninterrupted run, and the snapshots the
@@ -2357,25 +2390,10 @@ static void test_resume_old_names(void)
     CHECK(train(a) == 0);
     /* step 8's snapshot as an earlier gpipe wrote it */
     gp_snapshot_path(dir, 8, p, sizeof p);
-    gp_st_file f;
-    CHECK_OK(gp_st_read(p, &f));
-    gp_st_writer w = {0};
     int renamed = 0;
-    for (int i = 0; i < f.n; i++) {
-        char nm[256];
-        tg_old_name(f.tensors[i].name, nm, sizeof nm);
-        renamed += strcmp(nm, f.tensors[i].name) != 0;
-        CHECK_OK(gp_st_writer_add(&w, nm, f.tensors[i].dtype, f.tensors[i].ndim, f.tensors[i].dims,
-                                  f.tensors[i].data, f.tensors[i].end - f.tensors[i].begin));
-    }
-    for (int i = 0; i < f.n_meta; i++)
-        if (strcmp(f.meta[2 * i], "gpipe.crc32") && strcmp(f.meta[2 * i], "gpipe.header_crc32"))
-            CHECK_OK(gp_st_writer_meta(&w, f.meta[2 * i], f.meta[2 * i + 1]));
+    rewrite_snapshot(p, tg_old_name, NULL, &renamed);
     /* conv, the norm's 4 tensors and its counter, momentum of 3 */
     CHECK_MSG(renamed == 9, "%d names of the projection in the snapshot, not 9", renamed);
-    gp_st_free(&f);
-    CHECK_OK(gp_st_write_atomic(&w, p));
-    gp_st_writer_free(&w);
     snprintf(a, sizeof a, "%s/on.yaml --resume %s --export-weights %s/onres.st "
              "--set train.snapshot.every_steps=8 --set train.snapshot.dir=%s", tmpdir, p,
              tmpdir, dir);
@@ -2387,6 +2405,26 @@ static void test_resume_old_names(void)
     CHECK(tensors_named(p, "4.module.downsample.") == 6 &&
           tensors_named(p, "momentum.4.module.downsample.") == 3 &&
           tensors_named(p, "4.downsample.") == 0);
+}
+
+/* gpipe.layer_options as version 1 wrote it: its items while 80 short of
+ * 4096, and no version key (rewrite_snapshot's meta) */
+static size_t v1_len;
+static const char *v1_options(const char *k, const char *v)
+{
+    static char v1[4096];
+    if (!strcmp(k, "gpipe.layer_options_version")) return NULL;
+    if (strcmp(k, "gpipe.layer_options")) return v;
+    size_t o = 0;
+    for (const char *q = v; *q && o + 80 < sizeof v1;) {
+        const char *e = strchr(q, ';');
+        size_t n = e ? (size_t)(e - q) : strlen(q);
+        o += (size_t)snprintf(v1 + o, sizeof v1 - o, "%s%.*s", o ? ";" : "", (int)n, q);
+        q = e ? e + 1 : q + n;
+    }
+    v1_len = strlen(v1);
+    CHECK_MSG(v1_len < strlen(v), "version 1 keeps all %zu bytes: no cut to test", strlen(v));
+    return v1;
 }
 
 /* A snapshot whose gpipe.layer_options an earlier gpipe wrote (version 1:
@@ -2410,38 +2448,8 @@ static void test_resume_v1_options(void)
              "--set train.snapshot.dir=%s", tmpdir, dir);
     CHECK(train(a) == 0);
     gp_snapshot_path(dir, 2, p, sizeof p);
-    gp_st_file f;
-    CHECK_OK(gp_st_read(p, &f));
-    gp_st_writer w = {0};
-    for (int i = 0; i < f.n; i++)
-        CHECK_OK(gp_st_writer_add(&w, f.tensors[i].name, f.tensors[i].dtype, f.tensors[i].ndim,
-                                  f.tensors[i].dims, f.tensors[i].data,
-                                  f.tensors[i].end - f.tensors[i].begin));
-    size_t v1_len = 0;
-    for (int i = 0; i < f.n_meta; i++) {
-        const char *k = f.meta[2 * i], *v = f.meta[2 * i + 1];
-        if (!strcmp(k, "gpipe.crc32") || !strcmp(k, "gpipe.header_crc32") ||
-            !strcmp(k, "gpipe.layer_options_version"))
-            continue;
-        if (!strcmp(k, "gpipe.layer_options")) { /* its items while 80 short of 4096 */
-            static char v1[4096];
-            size_t o = 0;
-            for (const char *q = v; *q && o + 80 < sizeof v1;) {
-                const char *e = strchr(q, ';');
-                size_t n = e ? (size_t)(e - q) : strlen(q);
-                o += (size_t)snprintf(v1 + o, sizeof v1 - o, "%s%.*s", o ? ";" : "", (int)n, q);
-                q = e ? e + 1 : q + n;
-            }
-            v1_len = strlen(v1);
-            CHECK_MSG(v1_len < strlen(v), "version 1 keeps all %zu bytes: no cut to test",
-                      strlen(v));
-            v = v1;
-        }
-        CHECK_OK(gp_st_writer_meta(&w, k, v));
-    }
-    gp_st_free(&f);
-    CHECK_OK(gp_st_write_atomic(&w, p));
-    gp_st_writer_free(&w);
+    v1_len = 0;
+    rewrite_snapshot(p, NULL, v1_options, NULL);
     snprintf(a, sizeof a, "%s/bn150.yaml --resume %s --set train.snapshot.every_steps=2 "
              "--set train.snapshot.dir=%s", tmpdir, p, dir);
     CHECK(train(a) == 0);
