@@ -108,7 +108,9 @@ gp_status gp_run_parse(const char *name, const char *yaml,
  * model and its configuration; it saves nothing (gp_run_save first for a
  * snapshot).  Call it after the run's other calls have returned (to end a
  * gp_run_train early: gp_run_stop, then let it return).  NULL: nothing.
- * In a child of fork(): the child's memory only (above). */
+ * In a child of fork(): the run and its configuration only; the child's
+ * copy of the model is left as it is (its threads and devices are the
+ * parent's: above). */
 void gp_run_free(gp_run *run);
 
 typedef struct gp_metrics {

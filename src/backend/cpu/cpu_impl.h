@@ -97,7 +97,12 @@ static inline __attribute__((always_inline)) float gp_cpu_exp(float x)
  * ln2 / 2: the next term is under 4e-18), and 2^n put in the exponent
  * field from t's low bits, where the trick leaves n: no call, no branch,
  * so a loop over it vectorises (4 lanes in AVX2, 8 in AVX-512; fma makes
- * every clone's bits the same).  Within 2 ulp of the C library's exp
+ * every clone's bits the same, which test_qemu's baseline processor
+ * relies on).  The baseline clone's fma() is the C library's, in software
+ * on a processor without FMA: 24 ns an exponential there, about libm's
+ * exp, where multiplies and adds would take 4; but those take 1.7x fma's
+ * time on AVX-512 and 1.6x on AVX2 (2026-12-01, the Xeon of bench/README),
+ * the processors people train on, so fma stays.  Within 2 ulp of the C library's exp
  * (test_backend).  Its user: the cross-entropy's softmax, which called
  * libm's exp for every logit, twice a step (cpu_math.c). */
 static inline __attribute__((always_inline)) double gp_cpu_exp_d(double x)

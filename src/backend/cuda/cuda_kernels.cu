@@ -405,7 +405,9 @@ __global__ void k_xent_first_bad(const long long *row_flag, int64_t rows,
  * a fixed butterfly, the sum of exp(x - max) in double per lane then in a
  * fixed butterfly (deterministic; another order than the CPU's, so equal
  * to it within double rounding), and each lane writes its columns of the
- * gradient with the CPU's per-element formula (gp_ew_xent_grad_one).  A
+ * gradient with elementwise.h's per-element formula (gp_ew_xent_grad_one;
+ * the CPU's own exponentials are gp_cpu_exp_d's, so the two agree within
+ * rounding, not bit for bit).  A
  * NaN logit makes the sum, and so the loss, NaN, as on the CPU.  Skipped
  * entirely after a bad label.  Rows are ld floats apart; a padded
  * vocabulary's columns [cols, ld) are not read, and their gradient is 0. */
