@@ -158,7 +158,9 @@ int main(void)
      * bit of a run: the shipped config on its two devices, 4 steps (2
      * under a sanitizer: the same code, the same check), with them and with
      * every one turned off, the same losses and gradient norms to the last
-     * digit */
+     * digit; with recomputation (except_last), which the shipped config
+     * leaves off since 2026-11-30, so that a recomputed forward takes the
+     * fused pairs too */
     int ab_steps = san ? 2 : 4;
     char m1[600], m2[600];
     snprintf(m1, sizeof m1, "%s/fused.jsonl", dir);
@@ -166,7 +168,7 @@ int main(void)
     for (int off = 0; off < 2; off++) {
         snprintf(cmd, sizeof cmd, "%s'%s' '%s/configs/tiny-gpt.yaml' --set data.path='%s' "
                  "--set train.steps=%d --set train.batch_size=8 --set train.eval_each_epoch=false "
-                 "--set data.test_limit=16 "
+                 "--set data.test_limit=16 --set pipeline.checkpoint=except_last "
                  "--set train.snapshot.every_steps=0 --set train.snapshot.dir='%s/snaps-ab' "
                  "--metrics '%s'",
                  off ? "GPIPE_FUSE_ADD_NORM=0 GPIPE_FUSE_GELU=0 GPIPE_FUSE_LOSS=0 " : "", bin,
@@ -189,8 +191,10 @@ int main(void)
      * below on an AVX2 EPYC, as tiny-gpt's 200; its 200 steps reached 0.99,
      * 15 s longer; the full run: bench/README.md); then its two stages and one device give the
      * same losses and gradient norms to the last digit (4 steps, 2 under a
-     * sanitizer; 4 micro-batches, the tied head across the stages; one thread a device
-     * in both, as oneDNN's products split their sums by thread count) */
+     * sanitizer; the config's 8 micro-batches of one sequence under 1F1B,
+     * recomputed (except_last), the tied head across the stages; one thread
+     * a device in both, as oneDNN's products split their sums by thread
+     * count) */
     int lsteps = san ? steps : 100;
     snprintf(cmd, sizeof cmd, "'%s' '%s/configs/llama-tiny.yaml' --set data.path='%s' "
              "--set train.steps=%d --set train.batch_size=%d "
@@ -214,7 +218,7 @@ int main(void)
     for (int one = 0; one < 2; one++) {
         snprintf(cmd, sizeof cmd, "'%s' '%s/configs/llama-tiny.yaml' --set data.path='%s' "
                  "--set train.steps=%d --set train.batch_size=8 --set train.eval_each_epoch=false "
-                 "--set data.test_limit=16 "
+                 "--set data.test_limit=16 --set pipeline.checkpoint=except_last "
                  "--set train.snapshot.every_steps=0 --set train.snapshot.dir='%s/snaps-l2' "
                  "--set pipeline.threads=1 %s--metrics '%s'", bin, GPIPE_SOURCE_DIR, dir,
                  ab_steps, dir, one ? "--set 'pipeline.devices=[cpu:0]' " : "", one ? m2 : m1);
