@@ -639,8 +639,9 @@ static gp_status stop_between_steps(gp_model *m, const gp_config *cfg, const gp_
                             "trained a step: nothing to save; run the same command again%s",
                             (long long)step, (long long)total, by, unwritten);
     /* snapshots off, and the run was to export its weights: the weights
-     * it has are written there rather than lost (nothing else holds them) */
-    if (!on && o->export_path && step > saved) {
+     * it has are written there rather than lost (nothing else holds them;
+     * a run that trained none returned above) */
+    if (!on && o->export_path) {
         s = gp_gpt_export(m, cfg, o->export_path, (gp_weights_format)o->export_format);
         if (s == GP_OK)
             return gp_error_set(GP_ERR_STOPPED, "stopped at step %lld of %lld by %s; snapshots "
@@ -1165,8 +1166,6 @@ typedef struct run_saves {
     int64_t written_step;
     double last_time;       /* gp_now() at the newest snapshot (or the start) */
 } run_saves;
-
-
 
 /* The devices, and the memory and waits measured on them. */
 typedef struct run_devices {
@@ -2123,8 +2122,6 @@ typedef struct suggestion {
     int balance[GP_MAX_DEVICES]; /* n v entries (v: sim.v, which the simulator sets) */
 } suggestion;
 
-/* Each checkpoint mode of schedule k on split bal (v stages a device) into
- * *best where it fits and is faster. */
 static const gp_checkpoint_mode k_modes[] = {GP_CKPT_ALWAYS, GP_CKPT_EXCEPT_LAST, GP_CKPT_NEVER};
 
 /* Schedule k with checkpoint mode `mode` on split bal into *best where it
@@ -2143,6 +2140,8 @@ static void suggest_one(const gp_profile *prof, const gp_pipeline_config *pc, gp
     gp_error_clear();
 }
 
+/* Each checkpoint mode of schedule k on split bal (v stages a device) into
+ * *best where it fits and is faster. */
 static void suggest_try(const gp_profile *prof, const gp_pipeline_config *pc, gp_schedule_kind k,
                         int n, int v, const int *bal, const double *capacity, suggestion *best)
 {
