@@ -301,6 +301,38 @@ static gp_status check_outputs(const char *write_path, const char *prof_out, con
     return GP_OK;
 }
 
+/* A row group of --simulate's table: a schedule, its stages a device, and
+ * its split under each checkpoint mode of modes[] (NULL: none planned). */
+typedef struct sim_run {
+    gp_schedule_kind kind;
+    int v;
+    const int *bal[3];
+} sim_run;
+
+/* kind's run into runs[*n]: under each of the 3 modes the split balance:
+ * auto gives it (into store[c]), or where none plans fallback[c] (NULL:
+ * none); added where one mode has a split.  Returns its splits, or NULL
+ * where it was not added. */
+static const int *const *add_planned(sim_run *runs, int *n, const gp_config *cfg,
+                                     const gp_profile *prof, gp_schedule_kind kind, int v,
+                                     const gp_checkpoint_mode *modes,
+                                     int (*store)[GP_MAX_DEVICES], const int *const *fallback)
+{
+    sim_run *r = &runs[*n];
+    bool any = false;
+    for (int c = 0; c < 3; c++) {
+        bool ok = gp_model_plan_placement(cfg, prof, kind, v, modes[c], store[c]) == GP_OK;
+        gp_error_clear();
+        r->bal[c] = ok ? store[c] : fallback ? fallback[c] : NULL;
+        any = any || r->bal[c];
+    }
+    if (!any) return NULL;
+    r->kind = kind;
+    r->v = v;
+    (*n)++;
+    return r->bal;
+}
+
 /* --write-schedule: schedule `kind` (v stages per device) for n devices and
  * m micro-batches as PyTorch's per-rank action CSV (gp_schedule_write_csv),
  * which pipeline.schedule: {file: PATH} runs and PyTorch's _load_csv
@@ -1033,11 +1065,7 @@ int main(int argc, char **argv)
             if (s == GP_ERR_OOM && !own_fits) s = plan_time_alone(&prof, &pd, bal1);
             one = bal1;
         }
-        struct {
-            gp_schedule_kind kind;
-            int v;
-            const int *bal[3]; /* per mode (modes[]); NULL: none planned */
-        } runs[GP_SCHEDULE_KINDS + 1];
+        sim_run runs[GP_SCHEDULE_KINDS + 1];
         int n_runs = 0;
         for (int k = 0; k < GP_SCHEDULE_KINDS; k++)
             if (k != GP_SCHEDULE_INTERLEAVED && !gp_schedule_v_shape((gp_schedule_kind)k)) {
@@ -1046,23 +1074,11 @@ int main(int argc, char **argv)
                 for (int c = 0; c < 3; c++) runs[n_runs].bal[c] = one;
                 n_runs++;
             }
-        /* a placement's run: its split under each mode, where one plans */
-        #define ADD_PLANNED(k_, v_, store)                                                      \
-            do {                                                                              \
-                bool any_ = false;                                                            \
-                for (int c_ = 0; c_ < 3; c_++) {                                              \
-                    bool ok_ = gp_model_plan_placement(&cfg, &prof, (k_), (v_), modes[c_],     \
-                                                       (store)[c_]) == GP_OK;                 \
-                    runs[n_runs].bal[c_] = ok_ ? (store)[c_] : NULL;                          \
-                    any_ = any_ || ok_;                                                       \
-                    gp_error_clear();                                                         \
-                }                                                                             \
-                if (any_) runs[n_runs].kind = (k_), runs[n_runs++].v = (v_);                  \
-            } while (0)
         const int vs[2] = {2, v};
         for (int q = 0; q < (v > 2 ? 2 : 1) && s == GP_OK; q++) {
             if (n < 2 || vs[q] * n > GP_MAX_DEVICES || vs[q] * n > prof.L) continue;
-            ADD_PLANNED(GP_SCHEDULE_INTERLEAVED, vs[q], balv[q]);
+            add_planned(runs, &n_runs, &cfg, &prof, GP_SCHEDULE_INTERLEAVED, vs[q], modes, balv[q],
+                        NULL);
         }
         /* the V schedules: 2n stages in a V, each split as a run of it splits
          * (gp_partition_solve_v over the devices, refined against its own
@@ -1070,25 +1086,13 @@ int main(int argc, char **argv)
         if (s == GP_OK && n >= 2 && 2 * n <= GP_MAX_DEVICES && 2 * n <= prof.L) {
             static const gp_schedule_kind vk[4] = {GP_SCHEDULE_ZB_V, GP_SCHEDULE_DUALPIPE_V,
                                                    GP_SCHEDULE_V_HALF, GP_SCHEDULE_V_MIN};
-            int z = n_runs; /* zb-v's run, where it planned */
-            for (int q = 0; q < 4; q++) {
-                int before = n_runs;
-                ADD_PLANNED(vk[q], 2, balz[q]);
-                /* one the config's m cannot plan (dualpipe-v below 2n
-                 * micro-batches) is simulated on zb-v's split, the same V */
-                if (q > 0 && z < n_runs && runs[z].kind == GP_SCHEDULE_ZB_V) {
-                    if (n_runs == before) {
-                        runs[n_runs].kind = vk[q];
-                        runs[n_runs].v = 2;
-                        for (int c = 0; c < 3; c++) runs[n_runs].bal[c] = NULL;
-                        n_runs++;
-                    }
-                    for (int c = 0; c < 3; c++)
-                        if (!runs[n_runs - 1].bal[c]) runs[n_runs - 1].bal[c] = runs[z].bal[c];
-                }
-            }
+            /* one the config's m cannot plan (dualpipe-v below 2n
+             * micro-batches) is simulated on zb-v's split, the same V */
+            const int *const *zb = add_planned(runs, &n_runs, &cfg, &prof, vk[0], 2, modes,
+                                               balz[0], NULL);
+            for (int q = 1; q < 4; q++)
+                add_planned(runs, &n_runs, &cfg, &prof, vk[q], 2, modes, balz[q], zb);
         }
-        #undef ADD_PLANNED
         gp_sim_result r[(GP_SCHEDULE_KINDS + 1) * 3 * 6];
         int cnt = 0;
         for (int u = 0; u < n_runs && s == GP_OK; u++) {
