@@ -664,16 +664,21 @@ static gp_status find_idx(const gp_data_config *cfg, const char *dir, const char
                         missing_hint(cfg->dataset));
 }
 
+/* A split's IDX file's name, without .gz: its images or its labels. */
+static const char *idx_name(bool train, bool labels, char buf[64])
+{
+    snprintf(buf, 64, "%s-%s", train ? "train" : "t10k",
+             labels ? "labels-idx1-ubyte" : "images-idx3-ubyte");
+    return buf;
+}
+
 /* A split's images and labels file (find_idx each). */
 static gp_status idx_files(const gp_data_config *cfg, const char *dir, bool train,
                            char ipath[1024], char lpath[1024])
 {
-    const char *prefix = train ? "train" : "t10k";
     char iname[64], lname[64];
-    snprintf(iname, sizeof iname, "%s-images-idx3-ubyte", prefix);
-    snprintf(lname, sizeof lname, "%s-labels-idx1-ubyte", prefix);
-    GP_TRY(find_idx(cfg, dir, iname, ipath, 1024));
-    return find_idx(cfg, dir, lname, lpath, 1024);
+    GP_TRY(find_idx(cfg, dir, idx_name(train, false, iname), ipath, 1024));
+    return find_idx(cfg, dir, idx_name(train, true, lname), lpath, 1024);
 }
 
 static gp_status load_idx(const gp_data_config *cfg, const char *dir, bool train,
@@ -686,6 +691,15 @@ static gp_status load_idx(const gp_data_config *cfg, const char *dir, bool train
     return gp_idx_read_labels(lpath, ds);
 }
 
+/* CIFAR-10's batch file k of a split: data_batch_<k+1>.bin in training
+ * (k 0 .. 4), test_batch.bin in the test split. */
+static const char *cifar_name(bool train, int k, char buf[32])
+{
+    if (train) snprintf(buf, 32, "data_batch_%d.bin", k + 1);
+    else snprintf(buf, 32, "test_batch.bin");
+    return buf;
+}
+
 /* The split's batch files: names[0..*n) under base; GP_ERR_IO naming what
  * is missing. */
 static gp_status cifar_files(const gp_data_config *cfg, const char *dir, bool train,
@@ -693,23 +707,23 @@ static gp_status cifar_files(const gp_data_config *cfg, const char *dir, bool tr
 {
     /* The tarball unpacks into cifar-10-batches-bin/; accept the directory
      * itself or its parent. */
-    char probe[1100];
+    char probe[1100], first[32];
+    cifar_name(train, 0, first);
     snprintf(base, 1024, "%s", dir);
-    snprintf(probe, sizeof probe, "%s/%s", base, train ? "data_batch_1.bin" : "test_batch.bin");
+    snprintf(probe, sizeof probe, "%s/%s", base, first);
     if (!file_exists(probe)) {
         char sub[1024];
         snprintf(sub, sizeof sub, "%s/cifar-10-batches-bin", dir);
-        snprintf(probe, sizeof probe, "%s/%s", sub, train ? "data_batch_1.bin" : "test_batch.bin");
+        snprintf(probe, sizeof probe, "%s/%s", sub, first);
         if (!file_exists(probe))
-            return gp_error_set(GP_ERR_IO, "cifar10: cannot find %s in %s or %s; %s",
-                                train ? "data_batch_1.bin" : "test_batch.bin", dir, sub,
-                                missing_hint(cfg->dataset));
+            return gp_error_set(GP_ERR_IO, "cifar10: cannot find %s in %s or %s; %s", first,
+                                dir, sub, missing_hint(cfg->dataset));
         snprintf(base, 1024, "%s", sub);
     }
     *n = train ? 5 : 1;
     for (int k = 0; k < *n; k++) {
-        if (train) snprintf(names[k], 1100, "%s/data_batch_%d.bin", base, k + 1);
-        else snprintf(names[k], 1100, "%s/test_batch.bin", base);
+        char nm[32];
+        snprintf(names[k], 1100, "%s/%s", base, cifar_name(train, k, nm));
         if (!file_exists(names[k]))
             return gp_error_set(GP_ERR_IO, "cifar10: cannot find %s; %s", names[k],
                                 missing_hint(cfg->dataset));
@@ -857,23 +871,20 @@ bool gp_dataset_reads(const gp_data_config *cfg, const char *out)
     switch (cfg->dataset) {
     case GP_DATASET_SYNTHETIC: return false;
     case GP_DATASET_MNIST:
-    case GP_DATASET_FASHION_MNIST: { /* the four files, gzip or not (either read) */
-        static const char *const names[4] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-                                             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
+    case GP_DATASET_FASHION_MNIST: /* the four files, gzip or not (either read) */
         for (int k = 0; k < 4; k++) {
-            snprintf(f[n++], sizeof f[0], "%.1000s/%s.gz", dir, names[k]);
-            snprintf(f[n++], sizeof f[0], "%.1000s/%s", dir, names[k]);
+            char name[64];
+            idx_name(k < 2, k % 2, name);
+            snprintf(f[n++], sizeof f[0], "%.1000s/%s.gz", dir, name);
+            snprintf(f[n++], sizeof f[0], "%.1000s/%s", dir, name);
         }
         break;
-    }
     case GP_DATASET_CIFAR10: /* the folder itself or the tarball's folder in it */
         for (int b = 0; b < 2; b++)
             for (int k = 0; k < 6; k++) {
                 char name[32];
-                if (k < 5) snprintf(name, sizeof name, "data_batch_%d.bin", k + 1);
-                else snprintf(name, sizeof name, "test_batch.bin");
                 snprintf(f[n++], sizeof f[0], "%.900s%s/%s", dir,
-                         b ? "/cifar-10-batches-bin" : "", name);
+                         b ? "/cifar-10-batches-bin" : "", cifar_name(k < 5, k % 5, name));
             }
         break;
     case GP_DATASET_IMAGE_FOLDER: /* anything under train/ and val/ */
