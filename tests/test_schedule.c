@@ -588,12 +588,13 @@ static void check_interleaved(void)
  * lockstep (a copy of clock k once every computation of clocks < k is
  * done) or free-running (once its source is done); false on a deadlock.
  * *span: the free-running step in units (NULL: not wanted). */
+enum { RUN_M = 256 }; /* run_split's micro-batches: 8n on 32 devices */
 static bool run_split(const gp_schedule *s, bool lockstep, int *span)
 {
     int n = s->n, pc[64] = {0}, t[64] = {0};
-    static int fin[2][MAX_M][64]; /* when the forward / backward(-data) of (i, j) ended, -1 */
-    static int left_at[16 * (MAX_M + 64)];
-    GP_ASSERT(s->clocks <= 16 * (MAX_M + 64));
+    static int fin[2][RUN_M][64]; /* when the forward / backward(-data) of (i, j) ended, -1 */
+    static int left_at[16 * (RUN_M + 64)];
+    GP_ASSERT(s->m <= RUN_M && s->clocks <= 16 * (RUN_M + 64));
     memset(fin, -1, sizeof fin);
     memset(left_at, 0, sizeof left_at);
     for (int d = 0; d < n; d++)
@@ -744,9 +745,8 @@ static void check_v(gp_schedule_kind kind)
                         if (flight > peak) peak = flight;
                     }
                     /* dualpipe-v holds more: 2n on device 0, up to 3n at the turn;
-                     * v-half and v-min their budgets: n, about 2n / 3, >= 2 */
-                    int budget = kind == GP_SCHEDULE_V_HALF ? n : (2 * n + 2) / 3;
-                    if (budget < 2) budget = 2;
+                     * v-half and v-min their budgets (check_v_budgets) */
+                    int budget = gp_schedule_v_budget(kind, n);
                     if (peak > (dp ? 3 * n : capped ? budget : S < 2 * m ? S : 2 * m))
                         ok = false, why = "device in flight";
                 }
@@ -763,6 +763,11 @@ static void check_v(gp_schedule_kind kind)
                 /* (a whole backward is one unit here, for two halves' work) */
                 if (ok && !dp && !capped && !v_durations && m >= S && ck == 0 &&
                     span > 6 * m + 3 * S)
+                    ok = false, why = "bubble";
+                /* v-half and v-min: shorter than 1F1B over n stages of the
+                 * same work, as the paper's n / 2m and 2n / 3m are */
+                if (ok && capped && !v_durations && n > 1 && m >= S && ck == 0 &&
+                    span >= 6 * m + 6 * (n - 1))
                     ok = false, why = "bubble";
                 cases++;
                 if (!ok) {
@@ -787,6 +792,41 @@ static void check_v(gp_schedule_kind kind)
                   n, span);
         gp_schedule_free(&s);
     }
+}
+
+/* V-Half's and V-Min's budgets against the paper's activation memory
+ * (Qi et al., "Pipeline Parallelism with Controllable Memory", table 1: (n
+ * + 2) / 2 and (n + 4) / 3 of 1F1B's n micro-batches, two (micro-batch,
+ * stage) pairs each), on every n a V can have: V-Half's is the paper's,
+ * V-Min's the paper's or up to 2 micro-batches more where the greedy
+ * order would stall; and with unit times neither has a bubble that grows
+ * with m (8n micro-batches take 24n units more than 4n, give or take 2).
+ * Until 2026-12-01 the caps were n and (2n + 2) / 3: V-Min on 4 devices
+ * had 44% bubble at every m. */
+static void check_v_budgets(void)
+{
+    for (int n = 1; n <= 32; n++)
+        for (int q = 0; q < 2; q++) {
+            gp_schedule_kind kind = q ? GP_SCHEDULE_V_MIN : GP_SCHEDULE_V_HALF;
+            int paper = q ? 2 * ((n + 4) / 3) : 2 * ((n + 2) / 2);
+            if (paper > 2 * n) paper = 2 * n;
+            int b = gp_schedule_v_budget(kind, n);
+            CHECK_MSG(q ? b >= paper && b <= paper + 4 && b <= 2 * n : b == paper,
+                      "%s n=%d: budget %d pairs, the paper's %d", gp_schedule_kind_name(kind), n,
+                      b, paper);
+            int span[2] = {0, 0};
+            for (int r = 0; r < 2; r++) {
+                gp_schedule_opts o = {.kind = kind, .n = n, .m = 4 * n * (r + 1), .replicas = 1};
+                gp_schedule s;
+                CHECK_OK(gp_schedule_make(&o, &s));
+                CHECK(run_split(&s, false, &span[r]));
+                gp_schedule_free(&s);
+            }
+            CHECK_MSG(abs(span[1] - span[0] - 24 * n) <= 2, "%s n=%d: %d units at m=%d, %d at "
+                      "m=%d: a bubble that grows with m", gp_schedule_kind_name(kind), n, span[0],
+                      4 * n, span[1], 8 * n);
+        }
+    CHECK(gp_schedule_v_budget(GP_SCHEDULE_ZB_V, 5) == 10);
 }
 
 static void check_kind(gp_schedule_kind kind, int n, int m, gp_checkpoint_mode ck)
@@ -817,6 +857,7 @@ int main(void)
     check_v(GP_SCHEDULE_DUALPIPE_V);
     check_v(GP_SCHEDULE_V_HALF);
     check_v(GP_SCHEDULE_V_MIN);
+    check_v_budgets();
     /* v-half and v-min ordered by measured times (the executor's, after
      * its first steps): any times give a valid order, every check above
      * holding */

@@ -5,6 +5,7 @@
 #include "pipeline/schedule.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -259,14 +260,15 @@ static void zb_v_order(int n, int m, int d, op *ord, int *len)
  * micro-batch first; chunk 1 on a tie), else a forward whose input is
  * there and whose chunk has room (at most ZB-V's bounds until the weights
  * pass, 2n - d micro-batches on chunk 0 and d + 1 on chunk 1, and `cap` on
- * the device, one place kept for chunk 1 while it has none; chunk 1
- * first), else its oldest waiting W, else it waits for the next arrival or
+ * the device, one place kept for chunk 1 as below; chunk 1 first), else
+ * its oldest waiting W, else it waits for the next arrival or
  * another device's next decision.  Each stage runs its micro-batches in
  * order in every kind, so the gradients add up as on one device.  False
  * where it cannot place everything (never seen in test_schedule's
  * cases).  (ZB-V itself ordered so was slower than its pattern:
  * bench/README.md.) */
-static bool zb_v_timed_orders(int n, int m, const double *dur, int cap, op **ord, int *len)
+static bool zb_v_timed_orders(int n, int m, const double *dur, int cap, op **ord, int *len,
+                              double *span)
 {
     int S = 2 * n;
     size_t cells = (size_t)m * (size_t)S;
@@ -305,8 +307,8 @@ static bool zb_v_timed_orders(int n, int m, const double *dur, int cap, op **ord
             if (pick < 0 || i < nb[ST(d, pc)]) pick = 0, pc = c;
         }
         /* in flight until the weights pass: chunk 0 at most 2n - d, chunk 1
-         * d + 1, both together 2n (1F1B's activations), one place kept for
-         * chunk 1 while it has none (its backwards are what free chunk 0's) */
+         * d + 1, both together `cap`, one place kept for chunk 1 while it
+         * has none (its backwards are what free chunk 0's) */
         int in0 = nf[ST(d, 0)] - nw[ST(d, 0)], in1 = nf[ST(d, 1)] - nw[ST(d, 1)];
         bool room[2] = {in0 + 1 <= 2 * n - d && in0 + 1 + (in1 > 0 ? in1 : 1) <= cap,
                         in1 + 1 <= d + 1 && in0 + in1 + 1 <= cap};
@@ -355,11 +357,32 @@ static bool zb_v_timed_orders(int n, int m, const double *dur, int cap, op **ord
     }
 #undef ST
 #undef UNDONE
+    for (int d = 0; span && d < n; d++)
+        if (d == 0 || t_free[d] > *span) *span = t_free[d];
     free(f_end);
     free(b_end);
     free(wq);
     return ok;
 }
+
+/* Whether the greedy with `cap` in unit times leaves a bubble that grows
+ * with m: its step over 8n micro-batches longer than over 4n by more than
+ * the 24n units of work added (and 2 of jitter), or not placed at all. */
+static bool v_cap_stalls(int n, int cap)
+{
+    op *ord[GP_MAX_DEVICES] = {NULL};
+    int len[GP_MAX_DEVICES];
+    double span[2] = {0, 0};
+    bool ok = true;
+    for (int d = 0; d < n && ok; d++) ok = (ord[d] = malloc((size_t)(48 * n) * sizeof **ord));
+    for (int q = 0; q < 2 && ok; q++)
+        ok = zb_v_timed_orders(n, 4 * n * (q + 1), NULL, cap, ord, len, &span[q]);
+    for (int d = 0; d < n; d++) free(ord[d]);
+    return !ok || span[1] - span[0] > 24.0 * n + 2.0;
+}
+
+/* gp_schedule_v_budget's caps, found once per kind and n (0: not yet) */
+static _Atomic int v_caps[2][GP_MAX_DEVICES / 2 + 1];
 
 /* DualPipeV's order on device d of n (schedule.h). */
 static void dualpipe_v_order(int n, int m, int d, op *ord, int *len)
@@ -448,11 +471,9 @@ static gp_status compute_orders(const gp_schedule_opts *o, int v, op **ord, int 
         }
         if (o->kind == GP_SCHEDULE_V_HALF || o->kind == GP_SCHEDULE_V_MIN) {
             /* the greedy in unit (or measured) times within a device's
-             * budget of (micro-batch, stage) pairs: n (half of ZB-V's),
-             * or about a third of 2n; at least 2 (one a chunk) */
-            int cap = o->kind == GP_SCHEDULE_V_HALF ? n : (2 * n + 2) / 3;
-            if (cap < 2) cap = 2;
-            if (!zb_v_timed_orders(n, m, o->durations, cap, ord, len))
+             * budget of (micro-batch, stage) pairs */
+            int cap = gp_schedule_v_budget(o->kind, n);
+            if (!zb_v_timed_orders(n, m, o->durations, cap, ord, len, NULL))
                 return gp_error_set(GP_ERR_INVALID, "schedule %s could not be placed for %d "
                                     "devices and %d micro-batches (a bug)",
                                     gp_schedule_kind_name(o->kind), n, m);
@@ -564,12 +585,28 @@ int gp_schedule_in_flight_bound(gp_schedule_kind k, int j, int n, int m)
     if (k == GP_SCHEDULE_ZB_H1) return n - j + 1 < m ? n - j + 1 : m;
     if (k == GP_SCHEDULE_ZB_V) return 2 * n - j < m ? 2 * n - j : m; /* n devices, 2n stages */
     if (k == GP_SCHEDULE_V_HALF || k == GP_SCHEDULE_V_MIN) {
-        int cap = k == GP_SCHEDULE_V_HALF ? n : (2 * n + 2) / 3, b = 2 * n - j;
-        if (cap < 2) cap = 2;
-        b = j < n ? (b < cap - 1 ? b : cap - 1) : (b < cap ? b : cap); /* chunk 1 keeps one */
+        int cap = gp_schedule_v_budget(k, n), b = 2 * n - j;
+        b = b < cap ? b : cap;
         return b < m ? b : m;
     }
     return m;
+}
+
+int gp_schedule_v_budget(gp_schedule_kind k, int n)
+{
+    if (k != GP_SCHEDULE_V_HALF && k != GP_SCHEDULE_V_MIN) return 2 * n;
+    /* the paper's activation memory in 1F1B micro-batches, two pairs each */
+    int b = k == GP_SCHEDULE_V_HALF ? 2 * ((n + 2) / 2) : 2 * ((n + 4) / 3);
+    if (b >= 2 * n || n < 1 || n > GP_MAX_DEVICES / 2) return b < 2 * n ? b : 2 * n;
+    /* raised a pair at a time where the greedy would stall every round (V-Min
+     * at n = 6 and 7, ...: the paper's schedules are built from a repeating
+     * block, not a greedy); any thread finds the same, so a race is harmless */
+    _Atomic int *c = &v_caps[k == GP_SCHEDULE_V_MIN][n];
+    int known = atomic_load_explicit(c, memory_order_relaxed);
+    if (known > 0) return known;
+    while (b < 2 * n && v_cap_stalls(n, b)) b++;
+    atomic_store_explicit(c, b, memory_order_relaxed);
+    return b;
 }
 
 bool gp_schedule_backward_ascending(gp_schedule_kind k) { return k != GP_SCHEDULE_GPIPE; }

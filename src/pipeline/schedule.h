@@ -83,13 +83,25 @@
  *     d=0  F0[0] F1[0] F2[0]             F0[3] B0[3] W0[3] F3[0] B0[0] ...
  *     d=1        F0[1]       F0[2] B0[2] W0[2] F1[2] B1[2] ...
  *
- * V-Half and V-Min (the zero-bubble paper's follow-up on V-shape
- * schedules): ZB-V's V and split backwards with a device's (micro-batch,
- * stage) pairs in flight capped at n (half of ZB-V's 2n: half of 1F1B's
- * activation memory) or about 2n / 3 (a third), at least 2; the order is
- * the greedy execution ZB-V takes with measured times, in unit times until
- * those are known, one place kept for chunk 1 while it has none.  Less
- * memory for more bubble.
+ * V-Half and V-Min (Qi et al., "Pipeline Parallelism with Controllable
+ * Memory", the zero-bubble paper's follow-up on V-shape schedules): ZB-V's
+ * V and split backwards with a device's (micro-batch, stage) pairs in
+ * flight capped at the paper's activation memory (gp_schedule_v_budget):
+ * (n + 2) / 2 of 1F1B's n micro-batches for V-Half, (n + 4) / 3 for V-Min
+ * (integer division; two pairs, each half a 1F1B stage, make one): about
+ * half and a third of 1F1B's as n grows (3/4 and 1/2 on 4 devices, 5/8
+ * and 1/2 on 8), all of it (ZB-V's) on 2.  The order is a greedy execution in unit (or measured)
+ * times: a backward-data whose gradient is there, else a forward with
+ * room, else the oldest weights pass, one place kept for chunk 1 while it
+ * has none in flight.  Where that greedy would stall every round under
+ * V-Min's cap (in unit times: n = 6, 7 and 7 more n up to 32), the cap is
+ * raised a pair at a time until it does not, 4 pairs at most.  With equal
+ * times the bubble is about the paper's, n / 2m and 2n / 3m of the step
+ * against 1F1B's n / m, and does not grow with m (test_schedule).
+ * Until 2026-12-01 the caps were n and (2n + 2) / 3 pairs, a 1F1B micro-
+ * batch under the paper's, and the bubble grew with m: V-Min's on every
+ * device count from 2 to 16 (44% of the step on 4 at any m), V-Half's on
+ * 2, 3, 5, 6 and 9 (33% on 2).
  *
  * DualPipeV (DeepSeek-V3's DualPipe folded into a V, as its authors'
  * open code and PyTorch's ScheduleDualPipeV run it): the same V, and on
@@ -218,6 +230,10 @@ static inline int gp_schedule_device_of(gp_schedule_kind k, int n, int j)
  * that schedule k allows: m for GPipe, min(n - j, m) for 1F1B,
  * min(n - j + 1, m) for ZB-H1. */
 int gp_schedule_in_flight_bound(gp_schedule_kind k, int j, int n, int m);
+/* V-Half's and V-Min's cap on a device's (micro-batch, stage) pairs in
+ * flight over n devices: 2 ((n + 2) / 2) and 2 ((n + 4) / 3), at most
+ * ZB-V's 2n; 2n for the other V schedules. */
+int gp_schedule_v_budget(gp_schedule_kind k, int n);
 /* The order in which every stage of schedule k runs its micro-batches'
  * backwards: GPipe from the last micro-batch, the others from the first
  * (the order gradients add up in, which the single-device reference
