@@ -594,6 +594,36 @@ static void test_past_end(void)
     free(said);
 }
 
+/* train.epochs times the batches of an epoch past what a run counts
+ * (int64 steps, and samples seen) is refused naming train.epochs; it
+ * wrapped, and the run said "nothing left to train" and ended well, or
+ * advised raising train.steps past a negative total. */
+static void test_epochs_overflow(void)
+{
+    static const char *yaml =
+        "model: {input: [1], layers: [flatten, {linear: {out: 2}}]}\n"
+        "data:\n"
+        "  dataset: synthetic\n"
+        "  synthetic: {train: 16777216, test: 16, classes: 2, shape: [1]}\n"
+        "train: {batch_size: 1, epochs: 1099511627776, log_every: 0}\n";
+    for (int q = 0; q < 2; q++) {
+        gp_run *run = NULL;
+        const char *ov[] = {q ? "train.epochs=1000" : "train.epochs=1099511627776",
+                            "train.steps=2"};
+        CHECK_OK(gp_run_parse("epochs.yaml", yaml, ov, q ? 2 : 1, &run));
+        if (!run) return;
+        gp_train_options o = GP_TRAIN_OPTIONS_INIT;
+        o.quiet = 1;
+        gp_metrics m;
+        gp_status s = gp_run_train_ex(run, &o, &m);
+        if (q) /* the same data and train.steps: trains */
+            CHECK_MSG(s == GP_OK && m.step == 2, "2 steps: %s", gp_last_error());
+        else
+            CHECK_ERR(s, GP_ERR_INVALID, "train.epochs = 1099511627776 of 16777216 batches");
+        gp_run_free(run);
+    }
+}
+
 /* gp_run_save and gp_run_export_weights refuse to write over the run's
  * config file (gp_run_train_ex refused the same; these replaced it). */
 static void test_outputs_spare_config(void)
@@ -1085,6 +1115,7 @@ int main(void)
     test_save_restore(", replicas: 2");
     test_quiet();
     test_past_end();
+    test_epochs_overflow();
     test_caller_threads();
     test_outputs_spare_config();
     test_output_loss_mismatch();

@@ -58,7 +58,9 @@ void gp_throughput_add(gp_throughput *w, int64_t samples, double now, bool run_f
  * of per_epoch batches. */
 static inline int64_t gp_train_total_steps(const gp_train_config *t, int64_t per_epoch)
 {
-    return t->steps > 0 ? t->steps : t->epochs * per_epoch;
+    if (t->steps > 0) return t->steps;
+    /* (a run refuses epochs past this; a snapshot's check may ask first) */
+    return per_epoch > 0 && t->epochs > INT64_MAX / per_epoch ? INT64_MAX : t->epochs * per_epoch;
 }
 
 /* ---- the model ----------------------------------------------------------- */
