@@ -1033,6 +1033,38 @@ static void test_resume_other_placement(void)
                                  "samples, seen before the snapshot, again)"),
               "batch size 32 -> 24: %s", log ? log : "(no log)");
     free(log);
+
+    /* more micro-batches: the epoch's last batch (200 % 32 = 8 samples)
+     * cannot be split into 16 and is dropped, so a position at it (step 6
+     * of 7 batches an epoch) goes on at the next epoch; the loader refused
+     * it ("out of range") until 2026-12-01 */
+    snprintf(a, sizeof a, "%s/p.yaml --set train.steps=6 --set train.snapshot.every_steps=6 "
+             "--set train.snapshot.dir=%s/ch", tmpdir, tmpdir);
+    CHECK(train(a) == 0);
+    snprintf(a, sizeof a, "%s/p.yaml --set train.steps=8 --set pipeline.chunks=16 --resume "
+             "%s/ch/snapshot-000000006.safetensors", tmpdir, tmpdir);
+    int rc = train(a);
+    CHECK_MSG(rc == 0 && log_has("step 6, epoch 2, batch 0"), "chunks 2 -> 16: exit %d", rc);
+    if (rc) show_log();
+
+    /* a snapshot resumed from another run's folder into this one's, which
+     * holds snapshots: refused, theirs untouched (its pruning deleted
+     * them, keep 2 of this run's 6 and 9) */
+    char y[300];
+    snprintf(y, sizeof y, "%s/other", tmpdir);
+    snprintf(a, sizeof a, "%s/p.yaml --set train.steps=2 --set train.snapshot.every_steps=1 "
+             "--set train.snapshot.dir=%s", tmpdir, y);
+    char rm[400];
+    snprintf(rm, sizeof rm, "rm -rf %s", y);
+    CHECK(system(rm) == 0 && train(a) == 0 && gp_snapshot_count(y) == 2);
+    snprintf(a, sizeof a, "%s/p.yaml --set train.steps=9 --set train.snapshot.every_steps=3 "
+             "--set train.snapshot.keep=2 --set train.snapshot.dir=%s --resume "
+             "%s/ch/snapshot-000000006.safetensors", tmpdir, y, tmpdir);
+    rc = train(a);
+    CHECK_MSG(rc == 2 && log_has("holds snapshots of another run than") &&
+                  gp_snapshot_count(y) == 2,
+              "resumed from outside into a folder of snapshots: exit %d, %d there", rc,
+              gp_snapshot_count(y));
 }
 
 /* A resume whose model differs only where no tensor shows it (k_mlp's

@@ -2221,7 +2221,18 @@ gp_status gp_snapshot_fresh_check(const gp_config *cfg, const char *resume)
 {
     const gp_train_config *tc = &cfg->train;
     bool snapping = tc->snapshot.every_steps > 0 || tc->snapshot.every_minutes > 0;
-    if (resume || !snapping || gp_snapshot_count(tc->snapshot.dir) == 0) return GP_OK;
+    if (!snapping || gp_snapshot_count(tc->snapshot.dir) == 0) return GP_OK;
+    /* a snapshot resumed from another folder: this one's are another
+     * run's, which this run's pruning (train.snapshot.keep) would delete
+     * and whose later ones it would move aside, without a word */
+    if (resume && strcmp(resume, "latest") && !gp_path_in_dir(resume, tc->snapshot.dir))
+        return gp_error_set(GP_ERR_INVALID,
+                            "'%s' holds snapshots of another run than %s, which lies outside "
+                            "it: this run's snapshots would mix with them, and pruning would "
+                            "delete them; set train.snapshot.dir to another directory (or "
+                            "move %s into '%s' to go on with that folder's run)",
+                            tc->snapshot.dir, resume, resume, tc->snapshot.dir);
+    if (resume) return GP_OK;
     if (cfg->model.init_from[0]) /* a fine-tune: resuming would not read init_from */
         return gp_error_set(GP_ERR_INVALID,
                             "'%s' already holds snapshots of an earlier run; to start from "
@@ -2236,15 +2247,15 @@ gp_status gp_snapshot_fresh_check(const gp_config *cfg, const char *resume)
 }
 
 gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *resume,
-                              int64_t train_n, const gp_snapshot_lock *lock, bool quiet,
+                              int64_t per_epoch, const gp_snapshot_lock *lock, bool quiet,
                               gp_snapshot_pos *pos)
 {
     const gp_train_config *tc = &cfg->train;
     memset(pos, 0, sizeof *pos);
     pos->batch_size = tc->batch_size;
     bool snapping = tc->snapshot.every_steps > 0 || tc->snapshot.every_minutes > 0;
+    GP_TRY(gp_snapshot_fresh_check(cfg, resume));
     if (!resume) {
-        GP_TRY(gp_snapshot_fresh_check(cfg, resume));
         if (cfg->model.init_from[0]) {
             GP_TRY(gp_snapshot_init_from(m, cfg->model.init_from));
             if (!quiet) GP_INFO("initial weights from %s", cfg->model.init_from);
@@ -2261,7 +2272,6 @@ gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *res
     if (!positioned)
         GP_WARN("%s was saved by gp_run_save, which records no data position: this run's data "
                 "starts at epoch 1's first batch", path);
-    int64_t per_epoch = (train_n + tc->batch_size - 1) / tc->batch_size;
     *pos = sp;
     pos->batch_size = tc->batch_size;
     /* the metrics record a full disk kept from its file (the header alone:
@@ -2299,11 +2309,10 @@ gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *res
      * resumed from an earlier point would mix with them, be taken for the
      * newest by the next --resume latest, and be overwritten step by step.
      * A run that will train nothing (resumed at or past its last step)
-     * writes none, and leaves them where they are.  per_epoch here rounds
-     * up, so this total is at least the run's (the loader drops a partial
-     * batch too small to split): past it, certainly nothing is left; a run
-     * that drops that batch and resumes between the two totals moves them
-     * aside as before. */
+     * writes none, and leaves them where they are.  (per_epoch is the
+     * loader's: until 2026-12-01 it was rounded up here, and a position at
+     * an epoch's last batch that a new pipeline.chunks drops was not
+     * carried to the next epoch; the loader refused it.) */
     int64_t total = gp_train_total_steps(tc, per_epoch);
     if (snapping && gp_procs_rank() == 0 && sp.step < total) { /* processes: the writer */
         GP_ASSERT(lock && !strcmp(lock->dir, tc->snapshot.dir));

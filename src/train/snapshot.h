@@ -77,8 +77,10 @@ gp_status gp_snapshot_resume_check(const char *resume, const char *dir);
  * train.snapshot.dir that already holds snapshots (they would mix), saying
  * how to go on: --resume latest, or, where the config starts from
  * model.init_from (a fine-tune, which a resume would not read), another
- * directory.  Checked before anything is made, and again when the run
- * places its weights (gp_snapshot_prepare). */
+ * directory.  So does a run that resumes a file from another folder (that
+ * directory's snapshots are another run's: its pruning deleted them).
+ * Checked before anything is made, and again when the run places its
+ * weights (gp_snapshot_prepare). */
 gp_status gp_snapshot_fresh_check(const gp_config *cfg, const char *resume);
 /* The newest snapshot in dir that verifies ("snapshot-<step>.safetensors");
  * broken ones are skipped with a warning.  GP_ERR_IO if there is none. */
@@ -160,16 +162,18 @@ gp_status gp_snapshot_init_from(gp_model *m, const char *path);
  * the newest complete snapshot in train.snapshot.dir) restore the model
  * from that snapshot; otherwise apply model.init_from if given.  *pos is
  * where training goes on (all zero for a fresh run), the loader position
- * expressed in the config's batch size over `train_n` samples.  A fresh
- * run with snapshots on refuses a directory that already holds snapshots
- * (they would be mixed with, and pruned by, the new run's).  A resumed run
+ * expressed in the config's batch size over the loader's `per_epoch`
+ * batches an epoch (a last batch it drops not counted).  A fresh run with
+ * snapshots on refuses a directory that already holds snapshots (they
+ * would be mixed with, and pruned by, the new run's), and so does a run
+ * that resumes a snapshot from outside it (gp_snapshot_fresh_check).  A resumed run
  * with snapshots on moves the snapshots of later steps in its directory
  * into "<dir>/abandoned-<YYYYmmdd-HHMMSS>/" (one info line says so), so
  * the next --resume latest goes on with this run.  pos->metrics is the
  * snapshot's kept metrics record, or NULL.  `lock` is
  * gp_snapshot_lock_run's (required with snapshots on). */
 gp_status gp_snapshot_prepare(gp_model *m, const gp_config *cfg, const char *resume,
-                              int64_t train_n, const gp_snapshot_lock *lock, bool quiet,
+                              int64_t per_epoch, const gp_snapshot_lock *lock, bool quiet,
                               gp_snapshot_pos *pos);
 /* Restore m from the snapshot at `path`: weights, buffers, optimizer state
  * and step (replicas included), all or nothing (gp_snapshot_apply); warns

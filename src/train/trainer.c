@@ -1484,7 +1484,8 @@ static gp_status run_start_loader(train_run *r)
                          .labels_only = mp->local_device > 0 && !cfg->data.skip_bad_files};
     /* (a snapshot every rank refuses, another model or damaged, is said
      * once, by rank 0) */
-    gp_status s = gp_snapshot_prepare(mp, cfg, r->opts->resume_path, r->train.n, r->saves.lock,
+    int64_t per_epoch = r->train.n / tc->batch_size + (r->rest > 0 && !r->drop_rest);
+    gp_status s = gp_snapshot_prepare(mp, cfg, r->opts->resume_path, per_epoch, r->saves.lock,
                                       r->opts->quiet, &r->saves.pos);
     s = agree_phase(s, "while reading the snapshot to resume", r->res);
     lo.start_epoch = r->saves.pos.epoch;
@@ -1495,14 +1496,13 @@ static gp_status run_start_loader(train_run *r)
                              "training samples", cfg->path, (long long)tc->batch_size,
                              (long long)r->train.n);
         if (s == GP_OK) s = gp_loader_create(&r->train, &cfg->data, &lo, &r->loader);
-        if (s == GP_OK && tc->steps <= 0) { /* steps, and samples seen, fit int64 */
-            int64_t per_epoch = gp_loader_batches_per_epoch(r->loader);
-            if (per_epoch > 0 && tc->epochs > INT64_MAX / tc->batch_size / per_epoch)
-                s = gp_error_set(GP_ERR_INVALID, "%s: train.epochs = %lld of %lld batches "
-                                 "each is more steps than a run can count; give fewer "
-                                 "epochs, or train.steps", cfg->path, (long long)tc->epochs,
-                                 (long long)per_epoch);
-        }
+        /* steps, and samples seen, fit int64 (the loader's per_epoch is
+         * the one above) */
+        if (s == GP_OK && tc->steps <= 0 && tc->epochs > INT64_MAX / tc->batch_size / per_epoch)
+            s = gp_error_set(GP_ERR_INVALID, "%s: train.epochs = %lld of %lld batches each "
+                             "is more steps than a run can count; give fewer epochs, or "
+                             "train.steps", cfg->path, (long long)tc->epochs,
+                             (long long)per_epoch);
         /* the weights are in (model.init_from, the snapshot): now the metrics */
         if (s == GP_OK) s = run_open_metrics(r);
         if (s == GP_OK) s = resume_records(r);
