@@ -286,6 +286,73 @@ static void test_export_fails(void)
               "the conversion the message names: exit %d: %.600s", rc, out);
 }
 
+/* A GPT-2's Hugging Face folder (--export-format hf) that cannot be
+ * written whole leaves the earlier export as it was, and none of its own
+ * files; the llm.c file says why it failed.  Until 2026-12-01 config.json
+ * was renamed into place first: a failed model.safetensors left the new
+ * config.json beside the earlier export's weights (n_embd 64 against a
+ * 32-wide wte), or alone in a new folder; and llm.c's failure was
+ * "Input/output error" whatever the cause. */
+static void test_gpt_export_fails(void)
+{
+    char small[300], wide[300], dir[300], fresh[300], llmc[300], cmd[4096], out[8192];
+    in_tmp(small, sizeof small, "g32.yaml");
+    in_tmp(wide, sizeof wide, "g64.yaml");
+    in_tmp(dir, sizeof dir, "g-hf");
+    in_tmp(fresh, sizeof fresh, "g-hf-new");
+    in_tmp(llmc, sizeof llmc, "g.bin");
+    static const char *k_gpt =
+        "model:\n  input: [16]\n  gpt: {layers: 2, heads: 2, width: %d, positions: 16, "
+        "vocab: 64, tie: true}\n  loss: cross_entropy\ndata: {dataset: synthetic, synthetic: "
+        "{train: 64, test: 16}}\ntrain: {steps: 2, batch_size: 8, seed: 1}\n";
+    char text[600];
+    snprintf(text, sizeof text, k_gpt, 32);
+    write_file(small, text);
+    snprintf(text, sizeof text, k_gpt, 64);
+    write_file(wide, text);
+    snprintf(cmd, sizeof cmd, "%s %s -q --export-weights %s --export-format hf", bin, small, dir);
+    int rc = run(cmd, out, sizeof out);
+    char cj[400], st[400];
+    snprintf(cj, sizeof cj, "%s/config.json", dir);
+    snprintf(st, sizeof st, "%s/model.safetensors", dir);
+    size_t n_cj = 0, n_st = 0;
+    char *cj0 = gpt_read_file(cj, &n_cj), *st0 = gpt_read_file(st, &n_st);
+    CHECK_MSG(rc == 0 && cj0 && st0 && strstr(cj0, "\"n_embd\": 32"),
+              "the first export: exit %d: %.600s", rc, out);
+    /* the wider model's weights (about 150 KiB) past a 96 KiB limit */
+    snprintf(cmd, sizeof cmd, "bash -c 'ulimit -f 96; %s %s -q --export-weights %s "
+             "--export-format hf'", bin, wide, dir);
+    rc = run(cmd, out, sizeof out);
+    size_t n1 = 0, n2 = 0;
+    char *cj1 = gpt_read_file(cj, &n1), *st1 = gpt_read_file(st, &n2);
+    CHECK_MSG(rc != 0 && strstr(out, "File too large") && cj1 && st1 && n1 == n_cj &&
+                  n2 == n_st && !memcmp(cj0, cj1, n1) && !memcmp(st0, st1, n2),
+              "a failed export left the earlier one as it was: exit %d: %.600s", rc, out);
+    DIR *d = opendir(dir);
+    int entries = 0;
+    for (struct dirent *e; d && (e = readdir(d));) entries += e->d_name[0] != '.';
+    if (d) closedir(d);
+    CHECK_MSG(entries == 2, "%d files in %s after the failed export", entries, dir);
+    free(cj0);
+    free(st0);
+    free(cj1);
+    free(st1);
+    /* into a new folder: nothing of it is left */
+    snprintf(cmd, sizeof cmd, "bash -c 'ulimit -f 96; %s %s -q --export-weights %s "
+             "--export-format hf'", bin, wide, fresh);
+    rc = run(cmd, out, sizeof out);
+    snprintf(cj, sizeof cj, "%s/config.json", fresh);
+    struct stat sb;
+    CHECK_MSG(rc != 0 && stat(cj, &sb) != 0, "a failed first export left %s: exit %d", cj, rc);
+    /* llm.c's file: the reason, not "Input/output error" */
+    snprintf(cmd, sizeof cmd, "bash -c 'ulimit -f 20; %s %s -q --export-weights %s "
+             "--export-format llmc'", bin, small, llmc);
+    rc = run(cmd, out, sizeof out);
+    CHECK_MSG(rc != 0 && strstr(out, "File too large") && strstr(out, "ulimit -f") &&
+                  !strstr(out, "Input/output error"),
+              "an llm.c export past ulimit -f: exit %d: %.600s", rc, out);
+}
+
 /* Issue 51, item 16: too many open files while a snapshot is written.
  * Before, the advice was "check that the directory exists and is
  * writable", and the snapshots that were saved went unnamed (the
@@ -341,6 +408,7 @@ int main(void)
     test_trace_full();
     test_balance_outputs_full();
     test_export_fails();
+    test_gpt_export_fails();
     test_snapshot_emfile();
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

@@ -772,7 +772,8 @@ static const gp_layer *layer_named(const gp_wmodel *m, gp_layer_type t, const ch
     return NULL;
 }
 
-/* config.json of a GPT2LMHeadModel folder for m, whose tensors g holds. */
+/* config.json of a GPT2LMHeadModel folder for m, whose tensors g holds,
+ * staged in dir (gp_hf_folder_commit). */
 static gp_status write_gpt_config(const gp_wmodel *m, const gp_st_file *g, const char *dir)
 {
     const char *fmt = "--export-format hf";
@@ -818,7 +819,7 @@ static gp_status write_gpt_config(const gp_wmodel *m, const gp_st_file *g, const
     gp_json_put_bool(&w, "use_cache", true);
     gp_json_close(&w);
     char path[1100];
-    snprintf(path, sizeof path, "%s/config.json", dir);
+    snprintf(path, sizeof path, "%s/" GP_HF_STAGE "config.json", dir);
     return gp_weights_write_json(&w, path);
 }
 
@@ -828,19 +829,28 @@ bool gp_gpt_hf_folder_path(const char *path)
     return !(n >= t && !strcmp(path + n - t, ".safetensors"));
 }
 
-/* --export-format hf to a folder: config.json, then model.safetensors. */
+/* --export-format hf to a folder, as a whole: model.safetensors and
+ * config.json staged, then renamed into place in that order (until
+ * 2026-12-01 config.json went first, and a failed model.safetensors left
+ * it beside the earlier export's weights, or alone). */
 static gp_status export_hf_folder(const gp_wmodel *m, const gp_st_file *g, const char *dir)
 {
     GP_TRY(gp_make_dirs(dir, "--export-weights (a Hugging Face folder)"));
+    gp_hf_remove_staged(dir); /* a killed export's */
     char file[1100];
-    snprintf(file, sizeof file, "%s/model.safetensors", dir);
-    GP_TRY(write_gpt_config(m, g, dir));
-    return export_hf(m, g, file);
+    snprintf(file, sizeof file, "%s/" GP_HF_STAGE "model.safetensors", dir);
+    gp_status s = export_hf(m, g, file);
+    if (s == GP_OK) s = write_gpt_config(m, g, dir);
+    static const char *const names[] = {"model.safetensors", "config.json"};
+    return gp_hf_folder_commit(dir, names, 2, s);
 }
 
-static gp_status write_f32(FILE *fp, const float *v, int64_t n)
+/* GP_ERR_IO with *err the errno of a short write (EIO where it set none) */
+static gp_status write_f32(FILE *fp, const float *v, int64_t n, int *err)
 {
-    return fwrite(v, sizeof *v, (size_t)n, fp) == (size_t)n ? GP_OK : GP_ERR_IO;
+    if (fwrite(v, sizeof *v, (size_t)n, fp) == (size_t)n) return GP_OK;
+    *err = errno ? errno : EIO;
+    return GP_ERR_IO;
 }
 
 static gp_status export_llmc(const gp_wmodel *m, const gp_st_file *g, const char *path)
@@ -890,19 +900,24 @@ static gp_status export_llmc(const gp_wmodel *m, const gp_st_file *g, const char
                                 (int32_t)d.NH, (int32_t)d.C, (int32_t)d.Vp};
     gp_atomic_file af;
     GP_TRY(gp_atomic_open(path, &af));
+    /* the errno of a short write, for the commit's advice (a full disk, a
+     * file-size limit; it said "Input/output error" for every one) */
+    int err = 0;
+    errno = 0;
     gp_status s = fwrite(hdr, sizeof hdr, 1, af.f) == 1 ? GP_OK : GP_ERR_IO;
-    if (s == GP_OK) s = write_f32(af.f, (const float *)wte->data, d.V * d.C);
+    if (s != GP_OK) err = errno ? errno : EIO;
+    if (s == GP_OK) s = write_f32(af.f, (const float *)wte->data, d.V * d.C, &err);
     for (int64_t r = d.V; r < d.Vp && s == GP_OK; r++) { /* the padding rows: zeros */
         static const float zero[1] = {0};
-        for (int64_t c = 0; c < d.C && s == GP_OK; c++) s = write_f32(af.f, zero, 1);
+        for (int64_t c = 0; c < d.C && s == GP_OK; c++) s = write_f32(af.f, zero, 1, &err);
     }
     for (int q = 1; q < na && s == GP_OK; q++)
         for (int64_t b = 0; b < (a[q].per_block ? d.L : 1) && s == GP_OK; b++) {
             snprintf(name, sizeof name, a[q].name, (int)b);
             t = gp_st_find(g, name);
-            s = write_f32(af.f, (const float *)t->data, array_numel(&a[q]));
+            s = write_f32(af.f, (const float *)t->data, array_numel(&a[q]), &err);
         }
-    return gp_atomic_commit(&af, s == GP_OK ? 0 : EIO);
+    return gp_atomic_commit(&af, s == GP_OK ? 0 : err);
 }
 
 gp_status gp_gpt_export_check(const gp_wmodel *m, gp_weights_format fmt, bool trains)

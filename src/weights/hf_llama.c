@@ -35,7 +35,6 @@
 
 #define HF_MAX_SRC 3 /* q, k and v */
 /* An export's files are written under this prefix, then renamed into place. */
-#define HF_STAGE ".gpipe-export."
 
 typedef struct hf_shard {
     char path[700];
@@ -660,7 +659,7 @@ static gp_status write_shard(const gp_wmodel *m, const char *dir, const hf_part 
 {
     char fn[64], path[1100];
     shard_name(fn, sizeof fn, shard, n_shards);
-    snprintf(path, sizeof path, "%s/" HF_STAGE "%s", dir, fn);
+    snprintf(path, sizeof path, "%s/" GP_HF_STAGE "%s", dir, fn);
     gp_json_writer w = {0};
     gp_json_open_object(&w, NULL);
     gp_json_open_object(&w, "__metadata__");
@@ -863,7 +862,7 @@ static gp_status write_config(const gp_wmodel *m, const char *dir, bool bf16,
     if (!use_cache) gp_json_put_bool(&w, "use_cache", true);
     gp_json_close(&w);
     char path[1100];
-    snprintf(path, sizeof path, "%s/" HF_STAGE "config.json", dir);
+    snprintf(path, sizeof path, "%s/" GP_HF_STAGE "config.json", dir);
     return gp_weights_write_json(&w, path);
 }
 
@@ -875,7 +874,7 @@ static gp_status write_generation_config(const char *dir, const char *source,
 {
     *wrote = false;
     char path[1100];
-    snprintf(path, sizeof path, "%s/" HF_STAGE "generation_config.json", dir);
+    snprintf(path, sizeof path, "%s/" GP_HF_STAGE "generation_config.json", dir);
     if (source) {
         char from[1100];
         snprintf(from, sizeof from, "%s/generation_config.json", source);
@@ -920,15 +919,13 @@ gp_status gp_llama_export_check(const gp_wmodel *m)
     return GP_OK; /* (q, k and v biases: a Qwen2ForCausalLM folder, write_config) */
 }
 
-/* The staged files of dir (HF_STAGE*) removed: this export's after a
- * failure, or a killed one's. */
-static void remove_staged(const char *dir)
+void gp_hf_remove_staged(const char *dir)
 {
     DIR *d = opendir(dir);
     if (!d) return;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        if (strncmp(e->d_name, HF_STAGE, strlen(HF_STAGE))) continue;
+        if (strncmp(e->d_name, GP_HF_STAGE, strlen(GP_HF_STAGE))) continue;
         char p[1400];
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
         unlink(p);
@@ -936,9 +933,43 @@ static void remove_staged(const char *dir)
     closedir(d);
 }
 
+gp_status gp_hf_folder_commit(const char *dir, const char *const *names, int k, gp_status s)
+{
+    for (int i = 0; i < k && s == GP_OK; i++) {
+        char from[1200], to[1200];
+        snprintf(from, sizeof from, "%.1000s/" GP_HF_STAGE "%.47s", dir, names[i]);
+        snprintf(to, sizeof to, "%.1000s/%.47s", dir, names[i]);
+        if (rename(from, to) != 0)
+            s = gp_error_set(GP_ERR_IO, "cannot rename %s to %s: %s%s", from, to,
+                             strerror(errno), i ? "; the files renamed before it are this "
+                                                  "export's, the rest the earlier one's: "
+                                                  "export again" : "");
+    }
+    if (s != GP_OK) {
+        gp_hf_remove_staged(dir);
+        return s;
+    }
+    /* what an earlier export left that this one does not have */
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        if (!gp_hf_export_name(e->d_name)) continue;
+        bool ours = false;
+        for (int i = 0; i < k && !ours; i++) ours = !strcmp(e->d_name, names[i]);
+        if (ours) continue;
+        char p[1400];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (unlink(p) != 0 && errno != ENOENT && s == GP_OK)
+            s = gp_error_set(GP_ERR_IO, "cannot remove %s, an earlier export's file this one "
+                             "does not have: %s", p, strerror(errno));
+    }
+    if (d) closedir(d);
+    return s;
+}
+
 /*
  * The folder is written as a whole (issue 77): every file goes to a staged
- * name beside its own (HF_STAGE + name, each written atomically), and only
+ * name beside its own (GP_HF_STAGE + name, each written atomically), and only
  * when all are there are they renamed into place, the shards first and
  * config.json last; then the files of an earlier export that this one does
  * not have (model.safetensors after a sharded export, shards and an index
@@ -953,7 +984,7 @@ gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16, const 
 {
     GP_TRY(gp_llama_export_check(m));
     GP_TRY(gp_make_dirs(dir, "--export-weights (a Hugging Face folder)"));
-    remove_staged(dir); /* a killed export's */
+    gp_hf_remove_staged(dir); /* a killed export's */
     hf_part *v = NULL;
     int n = 0;
     GP_TRY(export_parts(m, &v, &n));
@@ -1015,7 +1046,7 @@ gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16, const 
         gp_json_close(&w);
         gp_json_close(&w);
         char idx[1100];
-        snprintf(idx, sizeof idx, "%s/" HF_STAGE "model.safetensors.index.json", dir);
+        snprintf(idx, sizeof idx, "%s/" GP_HF_STAGE "model.safetensors.index.json", dir);
         s = gp_weights_write_json(&w, idx);
     }
     if (s == GP_OK) s = write_generation_config(dir, from_dir ? source : NULL, &src, &gen);
@@ -1024,45 +1055,18 @@ gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16, const 
     /* everything is written: into place, config.json last */
     typedef struct { char s[48]; } fname;
     fname *names = calloc((size_t)n_shards + 3, sizeof *names);
+    const char **np = calloc((size_t)n_shards + 3, sizeof *np);
     int k = 0;
-    if (!names && s == GP_OK) s = gp_error_set(GP_ERR_OOM, "out of host memory exporting");
-    if (names) {
+    if ((!names || !np) && s == GP_OK) s = gp_error_set(GP_ERR_OOM, "out of host memory exporting");
+    if (names && np) {
         for (int q = 0; q < n_shards; q++) shard_name(names[k++].s, sizeof names[0].s, q, n_shards);
         if (n_shards > 1) snprintf(names[k++].s, sizeof names[0].s, "model.safetensors.index.json");
         if (gen) snprintf(names[k++].s, sizeof names[0].s, "generation_config.json");
         snprintf(names[k++].s, sizeof names[0].s, "config.json");
+        for (int i = 0; i < k; i++) np[i] = names[i].s;
     }
-    for (int i = 0; i < k && s == GP_OK; i++) {
-        char from[1200], to[1200];
-        snprintf(from, sizeof from, "%.1000s/" HF_STAGE "%.47s", dir, names[i].s);
-        snprintf(to, sizeof to, "%.1000s/%.47s", dir, names[i].s);
-        if (rename(from, to) != 0)
-            s = gp_error_set(GP_ERR_IO, "cannot rename %s to %s: %s%s", from, to,
-                             strerror(errno), i ? "; the files renamed before it are this "
-                                                  "export's, the rest the earlier one's: "
-                                                  "export again" : "");
-    }
-    if (s != GP_OK) {
-        remove_staged(dir);
-        free(names);
-        free(v);
-        return s;
-    }
-    /* what an earlier export left that this one does not have */
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d)) != NULL) {
-        if (!gp_hf_export_name(e->d_name)) continue;
-        bool ours = false;
-        for (int i = 0; i < k && !ours; i++) ours = !strcmp(e->d_name, names[i].s);
-        if (ours) continue;
-        char p[1400];
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        if (unlink(p) != 0 && errno != ENOENT && s == GP_OK)
-            s = gp_error_set(GP_ERR_IO, "cannot remove %s, an earlier export's file this one "
-                             "does not have: %s", p, strerror(errno));
-    }
-    if (d) closedir(d);
+    s = gp_hf_folder_commit(dir, np, k, s);
+    free(np);
     free(names);
     free(v);
     return s;

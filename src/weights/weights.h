@@ -245,4 +245,16 @@ gp_status gp_llama_export_check(const gp_wmodel *m);
 gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16, const char *source,
                           const char *source_config);
 
+/* A Hugging Face folder written as a whole (issue 77; the GPT-2 and Llama
+ * exports): each file goes to GP_HF_STAGE + its name in dir (written
+ * atomically), and gp_hf_folder_commit renames names[0..k) into place in
+ * that order (config.json last), then removes the files of an earlier
+ * export (gp_hf_export_name) that this one does not have.  On a failure
+ * (ok false: the caller's, or a rename's) the staged files are removed and
+ * the earlier export is left as it was.  gp_hf_remove_staged: a killed
+ * export's staged files removed (before writing). */
+#define GP_HF_STAGE ".gpipe-export."
+void gp_hf_remove_staged(const char *dir);
+gp_status gp_hf_folder_commit(const char *dir, const char *const *names, int k, gp_status s);
+
 #endif /* GP_WEIGHTS_H */
