@@ -51,8 +51,10 @@ static gp_status get_channels(const gp_cfg_walk *w, const gp_ynode *n, const cha
             return gp_cfg_bad(w, v ? v : n, "expected a number for %s, got nothing", nm);
         double d;
         GP_TRY(gp_cfg_parse_float(w, v, nm, &d));
-        if (positive) GP_TRY(gp_cfg_check_range(w, v, nm, d, 0, INFINITY, GP_CFG_LO_OPEN));
-        out[i] = (float)d;
+        /* as the float keeps it: a std of 1e-50 passed as positive and
+         * became 0 (NaN inputs from the first step) */
+        GP_TRY(gp_cfg_to_float(w, v, nm, d, positive ? 0 : -INFINITY, INFINITY,
+                               positive ? GP_CFG_LO_OPEN : 0, &out[i]));
     }
     *count = cnt;
     return GP_OK;
@@ -77,9 +79,8 @@ static gp_status get_range(const gp_cfg_walk *w, const gp_ynode *map, const char
         char nm[96];
         snprintf(nm, sizeof nm, "%s.%s.%d", sect, key, i);
         GP_TRY(gp_cfg_parse_float(w, n->items[i], nm, &d));
-        GP_TRY(gp_cfg_check_range(w, n->items[i], nm, d, 0, max > 0 ? max : INFINITY,
-                                  GP_CFG_LO_OPEN));
-        out[i] = (float)d;
+        GP_TRY(gp_cfg_to_float(w, n->items[i], nm, d, 0, max > 0 ? max : INFINITY,
+                               GP_CFG_LO_OPEN, &out[i]));
     }
     if (out[0] > out[1])
         return gp_cfg_bad(w, n, "%s.%s is [%g, %g]: the low end is above the high end", sect,
