@@ -889,6 +889,15 @@ static void test_errors(void)
                                     "  augment: {random_resized_crop: {ratio: [1e-50, 1]}}\n"),
                         NULL, 0),
               GP_ERR_INVALID, "data.augment.random_resized_crop.ratio.0 is 1e-50, below");
+    /* an option an override took away: the file's line has it, so the
+     * message names the override (until 2026-12-01 the line alone) */
+    const char *drop_out[] = {"model.layers.4.linear={in: 64}"};
+    CHECK_ERR(parse_bad(k_base, drop_out, 1), GP_ERR_INVALID,
+              "t.yaml:8:7 (as --set model.layers.4.linear={in: 64} changed it): layer 4 "
+              "(linear) needs 'out'");
+    const char *whole[] = {"model.layers.4={linear: {in: 64}}"};
+    CHECK_ERR(parse_bad(k_base, whole, 1), GP_ERR_INVALID,
+              "--set model.layers.4={linear: {in: 64}}: layer 4 (linear) needs 'out'");
 }
 
 /* The U-Net layers (torchgpipe's benchmarks/models/unet): their options,

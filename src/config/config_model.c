@@ -6,6 +6,7 @@
 #include "config/config_impl.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -185,6 +186,25 @@ static void keep_tail(char *dst, size_t len, const char *path)
     else snprintf(dst, len, "...%s", path + (n - room + 3));
 }
 
+/* gp_cfg_bad at a layer's type key, naming the override that made or
+ * changed the layer where one did (spec->set): a missing option an
+ * override took away is not the file's line alone (that line may have
+ * it). */
+static gp_status layer_bad(const gp_cfg_walk *w, const gp_ynode *tnode, const gp_layer_spec *spec,
+                           const char *fmt, ...)
+{
+    char loc[640], msg[1280];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    gp_yloc(w->file, tnode, loc, sizeof loc);
+    if (spec->set[0] && !tnode->set)
+        return gp_error_set(GP_ERR_INVALID, "%s (as %s %s changed it): %s", loc,
+                            gp_opt_name(GP_OPT_SET), spec->set, msg);
+    return gp_error_set(GP_ERR_INVALID, "%s: %s", loc, msg);
+}
+
 static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp_layer_spec *spec)
 {
     char got[96];
@@ -330,10 +350,10 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
                               &spec->positions));
         if (spec->vocab < 1 || spec->dim < 1 ||
             gp_cfg_absent(gp_ymap_get(opts, "positions")))
-            return gp_cfg_bad(w, tnode, "layer %d (embedding) needs 'vocab', 'dim' and "
-                              "'positions', like `- embedding: {vocab: 256, dim: 64, positions: "
-                              "128}` (positions: 0 for no position table, as a Llama with a "
-                              "rope layer)", index);
+            return layer_bad(w, tnode, spec, "layer %d (embedding) needs 'vocab', 'dim' and "
+                             "'positions', like `- embedding: {vocab: 256, dim: 64, positions: "
+                             "128}` (positions: 0 for no position table, as a Llama with a "
+                             "rope layer)", index);
     }
     GP_TRY(gp_cfg_get_str(w, opts, sect, "name", "", spec->name, sizeof spec->name));
     GP_TRY(gp_cfg_get_str(w, opts, sect, "stash", "", spec->stash, sizeof spec->stash));
@@ -347,21 +367,21 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
     /* an AmoebaNet cell's pop is optional (the first cell has no cell
      * before the previous one: it takes its input twice) */
     if (has_key(keys, nk, "pop") && spec->n_pop == 0 && t != GP_LAYER_AMOEBA_CELL)
-        return gp_cfg_bad(w, tnode, "layer %d (%s) needs 'pop', the name of the stash it takes, "
-                          "like `- %s: {pop: skip1}` after a layer with {stash: skip1}", index,
-                          tname, tname);
+        return layer_bad(w, tnode, spec, "layer %d (%s) needs 'pop', the name of the stash it "
+                         "takes, like `- %s: {pop: skip1}` after a layer with {stash: skip1}",
+                         index, tname, tname);
 
     if (has_key(keys, nk, "out") && spec->out < 1 && t != GP_LAYER_ADD)
-        return gp_cfg_bad(w, tnode, "layer %d (%s) needs 'out', the number of output %s, like "
-                          "`- %s: {out: 64}`", index, tname,
-                          t == GP_LAYER_LINEAR ? "features" : "channels", tname);
+        return layer_bad(w, tnode, spec, "layer %d (%s) needs 'out', the number of output %s, "
+                         "like `- %s: {out: 64}`", index, tname,
+                         t == GP_LAYER_LINEAR ? "features" : "channels", tname);
     if (t == GP_LAYER_FACTORIZED_REDUCE && spec->out % 2 != 0)
         return gp_cfg_bad(w, gp_ymap_get(opts, "out"), "layer %d (%s): out = %lld must be even "
                           "(two convolutions of out / 2 channels each are concatenated)", index,
                           tname, (long long)spec->out);
     if (has_key(keys, nk, "kernel") && spec->kernel.h < 1)
-        return gp_cfg_bad(w, tnode, "layer %d (%s) needs 'kernel', like `- %s: {kernel: 3}`", index,
-                          tname, tname);
+        return layer_bad(w, tnode, spec, "layer %d (%s) needs 'kernel', like `- %s: {kernel: "
+                         "3}`", index, tname, tname);
     return GP_OK;
 }
 
