@@ -624,6 +624,26 @@ static void test_epochs_overflow(void)
     }
 }
 
+/* A batch larger than the training split says what to change, and
+ * names data.train_limit where that is what made the split small (it
+ * said only "exceeds the 16 training samples"). */
+static void test_batch_past_split(void)
+{
+    for (int q = 0; q < 2; q++) {
+        gp_run *run = NULL;
+        const char *ov[] = {q ? "data.synthetic.train=16" : "data.train_limit=16"};
+        CHECK_OK(gp_run_parse("api.yaml", k_yaml, ov, 1, &run));
+        if (!run) return;
+        gp_train_options o = GP_TRAIN_OPTIONS_INIT;
+        o.quiet = 1;
+        CHECK_ERR(gp_run_train_ex(run, &o, NULL), GP_ERR_INVALID,
+                  q ? "exceeds the 16 training samples; lower train.batch_size to 16 or less"
+                    : "exceeds the 16 training samples data.train_limit keeps; lower "
+                      "train.batch_size to 16 or less, or raise data.train_limit");
+        gp_run_free(run);
+    }
+}
+
 /* gp_run_save and gp_run_export_weights refuse to write over the run's
  * config file (gp_run_train_ex refused the same; these replaced it). */
 static void test_outputs_spare_config(void)
@@ -1116,6 +1136,7 @@ int main(void)
     test_quiet();
     test_past_end();
     test_epochs_overflow();
+    test_batch_past_split();
     test_caller_threads();
     test_outputs_spare_config();
     test_output_loss_mismatch();

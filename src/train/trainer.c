@@ -1491,10 +1491,14 @@ static gp_status run_start_loader(train_run *r)
     lo.start_epoch = r->saves.pos.epoch;
     lo.start_batch = r->saves.pos.batch;
     if (s == GP_OK) {
-        if (tc->batch_size > r->train.n)
+        if (tc->batch_size > r->train.n) {
+            bool cut = cfg->data.train_limit > 0 && cfg->data.train_limit == r->train.n;
             s = gp_error_set(GP_ERR_INVALID, "%s: train.batch_size = %lld exceeds the %lld "
-                             "training samples", cfg->path, (long long)tc->batch_size,
-                             (long long)r->train.n);
+                             "training samples%s; lower train.batch_size to %lld or less%s",
+                             cfg->path, (long long)tc->batch_size, (long long)r->train.n,
+                             cut ? " data.train_limit keeps" : "", (long long)r->train.n,
+                             cut ? ", or raise data.train_limit" : "");
+        }
         if (s == GP_OK) s = gp_loader_create(&r->train, &cfg->data, &lo, &r->loader);
         /* steps, and samples seen, fit int64 (the loader's per_epoch is
          * the one above) */
