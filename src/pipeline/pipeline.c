@@ -1895,7 +1895,7 @@ static gp_status run_step(worker *w)
         for (int c = p->first[q]; c < p->first[q] + p->count[q]; c++)
             gp_layer_grads_begin(&p->layers[c]);
         rs = gp_layers_zero_stale(p->layers + p->first[q], p->count[q]);
-        if (rs != GP_OK) return fail(p, rs, j, -1, p->first[q]);
+        if (rs != GP_OK) return fail(p, rs, q, -1, p->first[q]); /* (stage q, of device j) */
     }
     const gp_instr *list = p->sched.list[j];
     if (p->device_time) gp_dev_mark_reset(p->devs[j]); /* the last step's are read */
@@ -1973,10 +1973,12 @@ static gp_status run_step(worker *w)
              * which): report it with that layer's stage, so every worker's
              * report reads the same */
             int fj = in->j, fl = bad_layer;
-            if (in->kind == GP_INSTR_CLIP && st == GP_ERR_NUMERIC && bad_layer >= 0) {
+            /* CLIP runs for every stage of the device: the failing layer's
+             * (any error, not only a norm that is not finite) */
+            if (in->kind == GP_INSTR_CLIP && bad_layer >= 0) {
                 for (int q = 0; q < p->S; q++)
                     if (bad_layer >= p->first[q] && bad_layer < p->first[q] + p->count[q]) fj = q;
-                fl = -1;
+                if (st == GP_ERR_NUMERIC) fl = -1;
             }
             return fail(p, st, fj, in->i, fl);
         }
