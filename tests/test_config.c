@@ -756,6 +756,17 @@ static void test_errors(void)
               "cannot indent with tabs, use spaces");
     CHECK_ERR(parse_bad("a: \xff\xfe\n", NULL, 0), GP_ERR_INVALID,
               "t.yaml:1:4: YAML syntax error: invalid leading UTF-8 octet");
+    /* counted as libyaml counts the other messages' places: characters,
+     * and \r, \r\n and NEL as line breaks (bytes and \n alone until
+     * 2026-12-01: 1:10, 1:11, 1:13 and 1:11) */
+    CHECK_ERR(parse_bad("a: \"\xc3\xa9\xc3\xa9\xff\"\n", NULL, 0), GP_ERR_INVALID,
+              "t.yaml:1:7: YAML syntax error: invalid leading UTF-8 octet");
+    CHECK_ERR(parse_bad("a: 1\rb: 2\rc: \xff\r", NULL, 0), GP_ERR_INVALID,
+              "t.yaml:3:4: YAML syntax error: invalid leading UTF-8 octet");
+    CHECK_ERR(parse_bad("a: 1\r\nb: 2\r\nc: \xff\r\n", NULL, 0), GP_ERR_INVALID,
+              "t.yaml:3:4: YAML syntax error: invalid leading UTF-8 octet");
+    CHECK_ERR(parse_bad("a: 1\xc2\x85" "b: \xff\n", NULL, 0), GP_ERR_INVALID,
+              "t.yaml:2:4: YAML syntax error: invalid leading UTF-8 octet");
     CHECK_ERR(parse_bad(cat(k_base, "pipeline:\n  chunks: 2\n  chunks: 4\n"), NULL, 0),
               GP_ERR_INVALID, "t.yaml:11:3: duplicate key 'chunks' in pipeline (first given at "
                               "line 10, column 3)");

@@ -334,15 +334,31 @@ static bool is_null_text(const char *s, size_t len)
                          !memcmp(s, "NULL", 4)));
 }
 
-/* Line and column (1-based) of byte `offset` of the input. */
+/* Line and column (1-based) of byte `offset` of the input, counted as
+ * libyaml counts its marks (every other message's): columns in
+ * characters (a UTF-8 continuation byte adds none), and a line break at
+ * \n, \r, \r\n (one), NEL, LS and PS.  Until 2026-12-01 bytes and \n
+ * alone: "ééé\xff" was column 16 for character 13, and a file of \r
+ * lines was all line 1. */
 static void offset_pos(const builder *b, size_t offset, int *line, int *col)
 {
+    const unsigned char *t = (const unsigned char *)b->text;
+    size_t end = offset < b->len ? offset : b->len;
     int l = 1, c = 1;
-    for (size_t i = 0; i < offset && i < b->len; i++) {
-        if (b->text[i] == '\n') {
+    for (size_t i = 0; i < end; i++) {
+        size_t brk = 0; /* the break's bytes from i */
+        if (t[i] == '\n') brk = 1;
+        else if (t[i] == '\r') brk = i + 1 < b->len && t[i + 1] == '\n' ? 2 : 1;
+        else if (t[i] == 0xC2 && i + 1 < b->len && t[i + 1] == 0x85) brk = 2; /* NEL */
+        else if (t[i] == 0xE2 && i + 2 < b->len && t[i + 1] == 0x80 &&
+                 (t[i + 2] == 0xA8 || t[i + 2] == 0xA9)) /* LS, PS */
+            brk = 3;
+        if (brk) {
+            if (i + brk > end) break; /* the offset is inside the break */
             l++;
             c = 1;
-        } else {
+            i += brk - 1;
+        } else if ((t[i] & 0xC0) != 0x80) {
             c++;
         }
     }
