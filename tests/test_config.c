@@ -1604,6 +1604,32 @@ static void test_data_warnings(void)
     CHECK_OK(parse(cat(k_base, "data:\n  augment: {crop_padding: 4}\n"), &c));
     CHECK_MSG(c.warnings && !c.warnings[0], "crop_padding 4 of 28: \"%s\"", c.warnings);
     gp_config_free(&c);
+    /* an image folder's keys for another dataset, each warned of (none
+     * was: data.layout: segmentation trained classification), but where
+     * --set chose the dataset (the folder's config tried on other data) */
+    const char *fk = "data:\n  layout: segmentation\n  workers: 4\n  augment: {resize: 16}\n";
+    CHECK_OK(parse(cat(k_base, fk), &c));
+    want = "t.yaml:10:11: data.layout is ignored: data.dataset is fashion-mnist, and it applies "
+           "to image_folder\nt.yaml:11:12: data.workers is ignored: data.dataset is "
+           "fashion-mnist, and it applies to image_folder\nt.yaml:12:21: data.augment.resize "
+           "is ignored: data.dataset is fashion-mnist, and it applies to image_folder\n";
+    CHECK_MSG(c.warnings && !strcmp(c.warnings, want), "got \"%s\"\n  want \"%s\"",
+              c.warnings, want);
+    gp_config_free(&c);
+    const char *syn[] = {"data.dataset=synthetic"};
+    CHECK_OK(parse_set(cat(k_base, fk), syn, 1, &c));
+    CHECK_MSG(c.warnings && !strstr(c.warnings, "ignored"), "--set dataset: \"%s\"", c.warnings);
+    gp_config_free(&c);
+    /* tokens: no pixels to crop, flip or normalise */
+    CHECK_OK(parse("model:\n  input: [16]\n  layers: [{embedding: {vocab: 64, dim: 8, positions: "
+                   "16}}, {linear: {out: 64}}]\ndata:\n  dataset: tokens\n  path: /t\n  augment: "
+                   "{hflip: true}\n  mean: 0.5\n  std: 0.2\n", &c));
+    CHECK_MSG(c.warnings && strstr(c.warnings, "t.yaml:7:20: data.augment.hflip is ignored: "
+                                               "data.dataset is tokens") &&
+                  strstr(c.warnings, "t.yaml:8:9: data.mean and data.std are ignored: "
+                                     "data.dataset is tokens"),
+              "tokens: \"%s\"", c.warnings);
+    gp_config_free(&c);
     CHECK_OK(parse(cat(k_base, "data: {normalize: false, mean: 0.5, std: 0.25}\n"), &c));
     CHECK_MSG(c.warnings && !strcmp(c.warnings, "t.yaml:9:32: data.mean and data.std are "
                                                 "ignored: data.normalize is false\n"),

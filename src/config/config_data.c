@@ -88,12 +88,34 @@ static gp_status get_range(const gp_cfg_walk *w, const gp_ynode *map, const char
     return GP_OK;
 }
 
+/* sect.key, where the config gives it, warned of as ignored, and why. */
+static void warn_ignored(gp_cfg_walk *w, const gp_ynode *map, const char *sect, const char *key,
+                         const char *why)
+{
+    const gp_ynode *n = gp_ymap_get(map, key);
+    if (!gp_cfg_absent(n)) gp_cfg_warn(w, n, "%s.%s is ignored: %s", sect, key, why);
+}
+
 /* The image_folder keys: data.layout, masks, workers, on_bad_file,
  * cache_dir, and data.augment.random_resized_crop / resize.  Recorded in
- * the defaults only when the dataset is an image folder. */
+ * the defaults only when the dataset is an image folder; given for
+ * another, each is warned of (data.layout: segmentation trained
+ * classification without a word until 2026-12-01), except where --set
+ * chose the dataset (ds_set: trying another dataset with the same
+ * config, as the synthetic section's warning allows). */
 static gp_status parse_folder(gp_cfg_walk *w, const gp_ynode *m, const gp_ynode *aug,
-                              bool folder, gp_data_config *dc)
+                              bool folder, bool ds_set, gp_data_config *dc)
 {
+    if (!folder && !ds_set) {
+        char why[128];
+        snprintf(why, sizeof why, "data.dataset is %s, and it applies to image_folder",
+                 k_dataset_names[dc->dataset]);
+        static const char *const keys[] = {"layout", "masks", "workers", "on_bad_file",
+                                           "cache_dir"};
+        for (size_t q = 0; q < GP_COUNT(keys); q++) warn_ignored(w, m, "data", keys[q], why);
+        warn_ignored(w, aug, "data.augment", "random_resized_crop", why);
+        warn_ignored(w, aug, "data.augment", "resize", why);
+    }
     bool rec = w->record;
     w->record = rec && folder;
     gp_status s = GP_OK;
@@ -225,7 +247,15 @@ gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model
                     (long long)h, (long long)wd, 100 * blank);
     }
     GP_TRY(gp_cfg_get_bool(w, aug, as, "hflip", folder, &dc->hflip));
-    GP_TRY(parse_folder(w, m, aug, folder, dc));
+    const gp_ynode *dsn = gp_ymap_get(m, "dataset");
+    bool ds_set = dsn && dsn->set;
+    if (dc->dataset == GP_DATASET_TOKENS && !ds_set) { /* windows of ids, not pixels */
+        const char *why = "data.dataset is tokens, whose samples are token ids";
+        warn_ignored(w, aug, "data.augment", "crop_padding", why);
+        warn_ignored(w, aug, "data.augment", "hflip", why);
+        if (dc->n_mean > 0) gp_cfg_warn(w, mean, "data.mean and data.std are ignored: %s", why);
+    }
+    GP_TRY(parse_folder(w, m, aug, folder, ds_set, dc));
     GP_TRY(gp_cfg_get_int32(w, m, "data", "prefetch", 2, 1, 1024, &dc->prefetch));
     GP_TRY(gp_cfg_get_int(w, m, "data", "train_limit", 0, 0, INT64_MAX, &dc->train_limit));
     GP_TRY(gp_cfg_get_int(w, m, "data", "test_limit", 0, 0, INT64_MAX, &dc->test_limit));
@@ -236,8 +266,7 @@ gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model
     GP_TRY(gp_cfg_check_keys(w, syn, "data.synthetic"));
     /* (not where --set changed the dataset: a config's synthetic section
      * for trying it out, then real data, is as meant) */
-    const gp_ynode *dsn = gp_ymap_get(m, "dataset");
-    if (syn && dc->dataset != GP_DATASET_SYNTHETIC && !(dsn && dsn->set))
+    if (syn && dc->dataset != GP_DATASET_SYNTHETIC && !ds_set)
         gp_cfg_warn(w, syn, "data.synthetic is ignored: data.dataset is %s",
                     k_dataset_names[dc->dataset]);
     bool rec = w->record;
