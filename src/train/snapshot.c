@@ -2225,7 +2225,9 @@ gp_status gp_snapshot_fresh_check(const gp_config *cfg, const char *resume)
     /* a snapshot resumed from another folder: this one's are another
      * run's, which this run's pruning (train.snapshot.keep) would delete
      * and whose later ones it would move aside, without a word */
-    if (resume && strcmp(resume, "latest") && !gp_path_in_dir(resume, tc->snapshot.dir))
+    struct stat rs;
+    if (resume && strcmp(resume, "latest") && stat(resume, &rs) == 0 && S_ISREG(rs.st_mode) &&
+        !gp_path_in_dir(resume, tc->snapshot.dir)) /* (what is no file is refused when read) */
         return gp_error_set(GP_ERR_INVALID,
                             "'%s' holds snapshots of another run than %s, which lies outside "
                             "it: this run's snapshots would mix with them, and pruning would "
