@@ -367,18 +367,19 @@ static bool zb_v_timed_orders(int n, int m, const double *dur, int cap, op **ord
 
 /* Whether the greedy with `cap` in unit times leaves a bubble that grows
  * with m: its step over 8n micro-batches longer than over 4n by more than
- * the 24n units of work added (and 2 of jitter), or not placed at all. */
+ * the 24n units of work added (and 2 of jitter), or not placed at all.
+ * (Out of host memory: false, the cap as it is.) */
 static bool v_cap_stalls(int n, int cap)
 {
     op *ord[GP_MAX_DEVICES] = {NULL};
     int len[GP_MAX_DEVICES];
     double span[2] = {0, 0};
-    bool ok = true;
-    for (int d = 0; d < n && ok; d++) ok = (ord[d] = malloc((size_t)(48 * n) * sizeof **ord));
-    for (int q = 0; q < 2 && ok; q++)
-        ok = zb_v_timed_orders(n, 4 * n * (q + 1), NULL, cap, ord, len, &span[q]);
+    bool mem = true, placed = true;
+    for (int d = 0; d < n && mem; d++) mem = (ord[d] = malloc((size_t)(48 * n) * sizeof **ord));
+    for (int q = 0; q < 2 && mem && placed; q++)
+        placed = zb_v_timed_orders(n, 4 * n * (q + 1), NULL, cap, ord, len, &span[q]);
     for (int d = 0; d < n; d++) free(ord[d]);
-    return !ok || span[1] - span[0] > 24.0 * n + 2.0;
+    return mem && (!placed || span[1] - span[0] > 24.0 * n + 2.0);
 }
 
 /* gp_schedule_v_budget's caps, found once per kind and n (0: not yet) */
