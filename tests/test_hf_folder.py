@@ -27,6 +27,10 @@ by hand, no torch) and given to model.init_from:
     model.init_from D/model.safetensors; a hard link of D's file) is
     refused and the folder left byte for byte; a file it is not made of
     (metrics.jsonl) may go there.
+A NaN in k_proj.weight, and one in a GPT-2 file's c_attn.weight (a Conv1D
+weight gpipe transposes), is named as the user's file has it: its tensor,
+element and file, beside gpipe's own name (it named gpipe's qkv_proj, which
+no file has, until 2026-12-01).
 16. A run that fails while loading its weights leaves an existing --metrics
     file as it was (it was emptied).
 17. An export past `ulimit -f` says "File too large" (the errno was
@@ -169,6 +173,41 @@ def main():
         check(rc > 0, "gate/up of 60/68 rows refused: rc %s" % rc)
         for needle in ("gate_proj.weight", "60 rows", "takes 64"):
             check(needle in err, "the gate/up error says %r: %r" % (needle, err[-400:]))
+
+        # a NaN in k_proj is named as the folder has it (its tensor, element
+        # and file), not as gpipe's stacked qkv_proj (element 16 x 32 + 5)
+        def nan_at(t, name, e):
+            dt, shape, raw = t[name]
+            t[name] = (dt, shape, raw[:4 * e] + struct.pack("<f", float("nan")) +
+                       raw[4 * e + 4:])
+        k0 = "model.layers.0.self_attn.k_proj.weight"
+        v = variant("nan", lambda t: nan_at(t, k0, 5))
+        rc, err = gpipe([yaml(d, "n.yaml", False, v)])
+        want = ("tensor '%s'[5] of %s/model.safetensors is NaN (gpipe's "
+                "'model.layers.0.self_attn.qkv_proj.weight'[1029])" % (k0, v))
+        check(rc > 0 and want in err, "a NaN in k_proj named in the folder's terms: rc %s %r"
+              % (rc, err[-500:]))
+
+        # and in a GPT-2's file, whose Conv1D weights gpipe transposes:
+        # c_attn's element 5 (row 0, column 5 of [in, out]) is gpipe's 5 x 32
+        g = os.path.join(d, "g.yaml")
+        with open(g, "w") as f:
+            f.write("model:\n  input: [16]\n  gpt: {layers: 1, heads: 2, width: 32, positions: "
+                    "16, vocab: 64, tie: true}\n  loss: cross_entropy\ndata: {dataset: "
+                    "synthetic}\ntrain: {steps: 1, batch_size: 4}\n")
+        gst = os.path.join(d, "gpt2.safetensors")
+        rc, err = gpipe([g, "--export-weights", gst, "--export-format", "hf"])
+        ca = "transformer.h.0.attn.c_attn.weight"
+        if rc == 0:
+            gts, gmeta = st_read(gst)
+            check(gts[ca][1] == [32, 96], "GPT-2's c_attn is [in, out]: %s" % gts[ca][1])
+            nan_at(gts, ca, 5)
+            # (as a file written elsewhere: no gpipe checksum to mismatch)
+            st_write(gst, gts, {k: v for k, v in (gmeta or {}).items() if "crc" not in k})
+            rc, err = gpipe([g, "--set", "model.init_from=" + gst])
+        want = "tensor '%s'[5] of %s is NaN (gpipe's '%s'[160])" % (ca, gst, ca)
+        check(rc > 0 and want in err, "a NaN in GPT-2's c_attn named as the file has it: rc %s "
+              "%r" % (rc, err[-500:]))
 
         # 7: a tied model and a folder with its own head, whose config.json
         # says tied (else that check names tie_word_embeddings first)

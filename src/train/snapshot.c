@@ -712,6 +712,7 @@ static const char *shape_of(const gp_st_tensor *t, char *b, size_t len)
 typedef struct {
     char name[128];             /* the first bad value's tensor */
     int64_t index;              /* its element, row-major */
+    int at;                     /* its index in the file's tensors (-1: a part's) */
     float value;
     const char *rule;           /* the rule it breaks */
     int64_t count;              /* bad values in all */
@@ -763,7 +764,10 @@ static gp_status scan_tensor(const gp_st_file *f, const gp_st_tensor *t, const c
     if (d) {
         gp_st_tensor v = *t;
         v.data = d;
+        bool first = b->count == 0;
         scan_values(&v, name, b);
+        if (first && b->count) b->at = t >= f->tensors && t < f->tensors + f->n
+                                           ? (int)(t - f->tensors) : -1;
     }
     free(tmp);
     return s;
@@ -825,10 +829,16 @@ static gp_status bad_values_error(const gp_st_file *f, const bad_values *b)
     if (b->count > 1)
         snprintf(more, sizeof more, " (%lld bad values in %d tensor%s)", (long long)b->count,
                  b->tensors, b->tensors == 1 ? "" : "s");
+    /* a converted file (a Hugging Face folder, a GPT-2 file): the tensor
+     * the user's files have, not gpipe's stacked or transposed one */
+    char src[900];
+    if (f->where && b->at >= 0 && f->where(f, b->at, b->index, src, sizeof src))
+        return gp_error_set(GP_ERR_DATA, "%s: tensor %s is %s (gpipe's '%s'[%lld]): %s; the "
+                            "file is corrupt or from a diverged run%s", f->source, src, val,
+                            b->name, (long long)b->index, b->rule, more);
     return gp_error_set(GP_ERR_DATA, "%s: tensor '%s'[%lld] is %s: %s; the file is corrupt or "
                         "from a diverged run%s", f->source, b->name, (long long)b->index, val,
-                        b->rule,
-                        more);
+                        b->rule, more);
 }
 
 /* Check one expected tensor; *out = the file's tensor if it matches. */

@@ -362,6 +362,24 @@ static gp_status lazy_fetch(const gp_st_file *f, int i, uint8_t *dst)
     return s;
 }
 
+/* (gp_st_file.where) element e of converted tensor i in the source file:
+ * a Conv1D weight's transposed, a vocabulary's rows as they are (a
+ * padding row past the source's is no element of it); llm.c's arrays not
+ * said. */
+static bool lazy_where(const gp_st_file *f, int i, int64_t e, char *buf, size_t len)
+{
+    const lazy_ctx *c = f->fetch_ctx;
+    const lazy_tensor *lt = &c->t[i];
+    const gp_st_tensor *s = &lt->src;
+    int64_t n = 1;
+    for (int d = 0; d < s->ndim; d++) n *= s->dims[d];
+    if (lt->kind == LZ_LLMC || e >= n) return false;
+    if (lt->kind == LZ_CONVERT && lt->transpose && s->ndim == 2) /* (rows, cols) of the source */
+        e = (e % s->dims[0]) * s->dims[1] + e / s->dims[0];
+    snprintf(buf, len, "'%s'[%lld] of %s", s->name, (long long)e, c->path);
+    return true;
+}
+
 /* The shape tensor `name` converts to, with the checks the conversion
  * makes that need no data (a vocabulary tensor's rows past the model's
  * vocabulary are read: they decide its shape). */
@@ -472,6 +490,7 @@ static gp_status lazy_open(const gp_wmodel *m, const char *path, gp_st_file *out
     out->fetch = lazy_fetch;
     out->fetch_ctx = c;
     out->fetch_free = lazy_free;
+    out->where = lazy_where;
     *cp = c;
     return GP_OK;
 }

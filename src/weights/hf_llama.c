@@ -205,6 +205,26 @@ static gp_status fetch(const gp_st_file *f, int i, uint8_t *dst)
     return GP_OK;
 }
 
+/* (gp_st_file.where) element e of gpipe's tensor i: which HF tensor of
+ * its stack, and its element there */
+static bool where(const gp_st_file *f, int i, int64_t e, char *buf, size_t len)
+{
+    const hf_ctx *c = f->fetch_ctx;
+    const hf_out *o = &c->o[i];
+    for (int q = 0; q < o->n; q++) {
+        const gp_st_tensor *t = o->s[q].t;
+        int64_t n = 1;
+        for (int d = 0; d < t->ndim; d++) n *= t->dims[d];
+        if (e < n) {
+            snprintf(buf, len, "'%s'[%lld] of %s", t->name, (long long)e,
+                     c->sh[o->s[q].shard].path);
+            return true;
+        }
+        e -= n;
+    }
+    return false;
+}
+
 /* gpipe's tensor `name` stacked from the n HF tensors src (rows want[q]
  * each, their own shape checked: a folder whose q, k and v, or gate and
  * up, split the stacked rows otherwise is another model, as transformers
@@ -485,6 +505,7 @@ gp_status gp_llama_read(const gp_wmodel *m, const char *path, gp_st_file *out)
     out->fetch = fetch;
     out->fetch_ctx = c;
     out->fetch_free = ctx_free;
+    out->where = where;
     gp_status s = is_dir(path) ? check_config(m, path) : GP_OK;
     if (s == GP_OK) s = open_shards(c, path);
     /* a tensor in two shards is said as such, naming both (issue 77: it read

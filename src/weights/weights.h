@@ -99,6 +99,11 @@ typedef struct gp_st_file {
     gp_status (*fetch)(const struct gp_st_file *f, int i, uint8_t *dst);
     void *fetch_ctx;
     void (*fetch_free)(void *ctx);
+    /* A converted file's element e of tensor i as its source holds it, for
+     * messages ("'...k_proj.weight'[5] of DIR/model.safetensors": a
+     * Llama's q, k and v are one tensor in gpipe, a GPT-2's Conv1D weights
+     * transposed); false where it cannot say (NULL: as named). */
+    bool (*where)(const struct gp_st_file *f, int i, int64_t e, char *buf, size_t len);
 } gp_st_file;
 
 /* Parse a file image (copied).  Everything is checked: header length and
