@@ -177,6 +177,24 @@ def main():
                                                   for p in parts),
               "--samples 3: three continuations that follow the pattern: %r (%s)" % (many, err))
 
+        # top-k keeps the k best ids: at a temperature that makes them
+        # nearly equal, 60 draws of one token show all k, the top 2 among
+        # the top 3, the greedy one among both (top_k_ids' heap, 2026-12-01)
+        def drawn(k):
+            rc, text, err = sample(cfg, "--resume", snap, "--prompt-ids", "99,100,101",
+                                   "--tokens", "1", "--samples", "60", "--temperature", "100",
+                                   "--top-k", str(k), "--seed", "3", "--ids")
+            return rc, {line.split("|")[1].strip() for line in text.splitlines()
+                        if "|" in line}
+        rc3, top3 = drawn(3)
+        rc2, top2 = drawn(2)
+        rc, greedy, err = sample(cfg, "--resume", snap, "--prompt-ids", "99,100,101",
+                                 "--tokens", "1", "--temperature", "0", "--ids")
+        g = greedy.split("|")[1].strip() if "|" in greedy else None
+        check(rc3 == 0 and rc2 == 0 and rc == 0 and len(top3) == 3 and len(top2) == 2 and
+              top2 < top3 and g in top2, "top-k 3 and 2 over 60 draws: %s, %s; greedy %s"
+              % (sorted(top3), sorted(top2), g))
+
         tok = os.path.join(d, "out.bin")
         rc, out, err = sample(cfg, "--resume", snap, "--prompt", "cde", "--tokens", "20",
                               "--temperature", "0", "--out", tok)
