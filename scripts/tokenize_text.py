@@ -9,6 +9,10 @@ gpipe-train's `data.dataset: tokens`, and back.
       0.1) is the validation split, the rest the training split.
   scripts/tokenize_text.py decode [--encoding bytes|gpt2 | --tokenizer T] FILE.bin
       writes the file's tokens as text to stdout.
+  scripts/tokenize_text.py ids [--encoding bytes|gpt2 | --tokenizer T] TEXT
+      prints the ids of TEXT ('-': stdin), comma-separated, as a document
+      of encode's (gpt2's <|endoftext|> or a tokenizer's <s> first): what
+      gpipe-sample --prompt-ids takes.
   scripts/tokenize_text.py encodings
       says which encodings this machine has.
 
@@ -101,29 +105,35 @@ def read_input(path):
         raise TokError(path, "cannot read: %s" % (e.strerror or e))
 
 
-def encode_files(paths, encoding, tokenizer=None):
-    toks = []
-    enc = gpt2_encoding() if encoding == "gpt2" and not tokenizer else None
-    hf = hf_tokenizer(tokenizer) if tokenizer else None
-    for p in paths:
-        data = read_input(p)
-        if hf is not None:
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise TokError(p, "not UTF-8 at byte %d (a tokenizer takes text)" % e.start)
-            toks.extend(hf.encode(text, add_special_tokens=True).ids)
-            continue
-        if enc is None:
-            toks.extend(data)
-            continue
+def encode_bytes(data, where, enc, hf):
+    """One document's ids, as encode writes them: a tokenizer's (with its
+    special tokens), GPT-2's after its end-of-text, or the bytes."""
+    if hf is not None:
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise TokError(p, "not UTF-8 at byte %d (GPT-2's BPE takes text); use --encoding "
-                           "bytes for any file" % e.start)
-        toks.append(GPT2_EOT)
-        toks.extend(enc.encode_ordinary(text))
+            raise TokError(where, "not UTF-8 at byte %d (a tokenizer takes text)" % e.start)
+        return list(hf.encode(text, add_special_tokens=True).ids)
+    if enc is None:
+        return list(data)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TokError(where, "not UTF-8 at byte %d (GPT-2's BPE takes text); use --encoding "
+                       "bytes for any file" % e.start)
+    return [GPT2_EOT] + enc.encode_ordinary(text)
+
+
+def encoders(encoding, tokenizer):
+    return (gpt2_encoding() if encoding == "gpt2" and not tokenizer else None,
+            hf_tokenizer(tokenizer) if tokenizer else None)
+
+
+def encode_files(paths, encoding, tokenizer=None):
+    toks = []
+    enc, hf = encoders(encoding, tokenizer)
+    for p in paths:
+        toks.extend(encode_bytes(read_input(p), p, enc, hf))
     return toks
 
 
@@ -262,6 +272,18 @@ def cmd_decode(a):
     return 0
 
 
+def cmd_ids(a):
+    """The ids of a prompt, comma-separated, as gpipe-sample --prompt-ids
+    takes them (a document's start, as encode writes one)."""
+    data = sys.stdin.buffer.read() if a.text == "-" else a.text.encode("utf-8")
+    enc, hf = encoders(a.encoding, a.tokenizer)
+    toks = encode_bytes(data, "the text" if a.text != "-" else "stdin", enc, hf)
+    if not toks:
+        raise TokError("the text", "is empty; give at least one character")
+    print(",".join(str(t) for t in toks))
+    return 0
+
+
 def cmd_encodings(a):
     print("bytes: yes (byte-level, 256 tokens)")
     try:
@@ -292,9 +314,15 @@ def main(argv=None):
     d.add_argument("file")
     d.add_argument("--encoding", choices=("bytes", "gpt2"), default="bytes")
     d.add_argument("--tokenizer", help="the tokenizer.json the file was encoded with")
+    i = sub.add_parser("ids", help="a prompt -> its ids, comma-separated, for gpipe-sample "
+                       "--prompt-ids")
+    i.add_argument("text", help="the prompt itself ('-': read it from stdin)")
+    i.add_argument("--encoding", choices=("bytes", "gpt2"), default="bytes")
+    i.add_argument("--tokenizer", help="a Hugging Face tokenizer.json (instead of --encoding)")
     sub.add_parser("encodings", help="which encodings this machine has")
     a = p.parse_args(argv)
-    return {"encode": cmd_encode, "decode": cmd_decode, "encodings": cmd_encodings}[a.cmd](a)
+    return {"encode": cmd_encode, "decode": cmd_decode, "ids": cmd_ids,
+            "encodings": cmd_encodings}[a.cmd](a)
 
 
 if __name__ == "__main__":

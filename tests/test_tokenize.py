@@ -90,6 +90,14 @@ def test_bytes(tmp):
         check(d.returncode == 0 and d.stdout == bytes(toks),
               "decode %s gives the file's tokens as bytes" % split)
     check(parts[0] + parts[1] == joined, "train + val tokens are the input bytes, in order")
+    # ids: a prompt's ids, comma-separated, for gpipe-sample --prompt-ids
+    # (it advised encode, which writes two binary splits and prints none)
+    r = script("ids", "naïve")
+    check(r.returncode == 0 and r.stdout == b"110,97,195,175,118,101\n",
+          "ids of 'naïve' as bytes: %r %r" % (r.stdout, r.stderr))
+    r = subprocess.run([sys.executable, SCRIPT, "ids", "-"], input=b"ab\n", capture_output=True)
+    check(r.returncode == 0 and r.stdout == b"97,98,10\n", "ids from stdin: %r" % r.stdout)
+    one_line_error(script("ids", ""), "is empty", "ids of nothing")
     return out
 
 
@@ -236,6 +244,11 @@ def test_tokenizer(tmp):
     want = " ".join("w%d" % i for i in ids[:len(toks) - 1 - int(round(len(toks) * 0.1))])
     check(d.decode().strip() == want[:len(d.decode().strip())] and len(d) > 1000,
           "decode --tokenizer: %r" % d[:80])
+    # ids: a prompt's ids as gpipe-sample --prompt-ids takes them, as encode
+    # writes a document (the tokenizer's <s> first)
+    r = script("ids", "--tokenizer", tj, "w7 w65536")
+    check(r.returncode == 0 and r.stdout == b"1,7,65536\n", "ids --tokenizer: %r %r"
+          % (r.stdout, r.stderr))
     # issue 77: ids past the tokenizer's vocabulary are an error, not nothing
     # printed with exit 0; a uint32 file without --tokenizer names it
     big = os.path.join(tmp, "past.bin")

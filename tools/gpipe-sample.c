@@ -239,7 +239,8 @@ static int prompt_tokens(const sample_opts *o, int64_t vocab, int64_t *ids, int6
         if (vocab != 256) {
             fprintf(stderr, "gpipe-sample: --prompt gives bytes, for a byte-level model "
                     "(vocabulary 256); this model's vocabulary is %lld: give --prompt-ids "
-                    "(scripts/tokenize_text.py encode makes ids from text)\n", (long long)vocab);
+                    "(scripts/tokenize_text.py ids --tokenizer tokenizer.json 'TEXT', or "
+                    "--encoding gpt2, prints them)\n", (long long)vocab);
             return EXIT_USAGE;
         }
         for (const unsigned char *p = (const unsigned char *)o->prompt; *p && *n < cap; p++)
