@@ -258,11 +258,16 @@ def run_name(path):
 def load(paths):
     """Several files -> Runs with names unique among them (a repeated file
     name is told apart by its folder)."""
-    names = [run_name(p) for p in paths]
-    for i, p in enumerate(paths):
-        if names.count(names[i]) > 1:
-            names[i] = os.path.join(os.path.basename(os.path.dirname(os.path.abspath(p))),
-                                    names[i])
+    base = [run_name(p) for p in paths]
+    # (counted in the names as given: renaming the first of a pair in place
+    # left the second without its folder until 2026-12-01)
+    names = [os.path.join(os.path.basename(os.path.dirname(os.path.abspath(p))), base[i])
+             if base.count(base[i]) > 1 else base[i] for i, p in enumerate(paths)]
+    given, seen = list(names), {}
+    for i, n in enumerate(given):  # the same file twice: numbered
+        if given.count(n) > 1:
+            seen[n] = seen.get(n, 0) + 1
+            names[i] = "%s #%d" % (n, seen[n])
     return [read_run(p, names[i]) for i, p in enumerate(paths)]
 
 

@@ -230,6 +230,19 @@ def test_compare(tmp):
     r = script("compare", pb, pa)
     check(r.stdout.splitlines()[-1].startswith("A (b) is %.3fx as fast as B (a)" % ratio),
           "compare the other way round names A: %r" % r.stdout.splitlines()[-1])
+    # two runs of one file name are told apart by their folders, both of
+    # them (the second kept the bare name); the same file twice by number
+    for sub in ("r1", "r2"):
+        os.makedirs(os.path.join(tmp, sub), exist_ok=True)
+        write(os.path.join(tmp, sub, "run.jsonl"), a)
+    r = script("compare", os.path.join(tmp, "r1", "run.jsonl"),
+               os.path.join(tmp, "r2", "run.jsonl"))
+    check(r.returncode == 0 and "A = r1/run " in r.stdout and "B = r2/run " in r.stdout,
+          "one file name in two folders: %r" % r.stdout[:300])
+    r = script("compare", pa, pa)
+    check(r.returncode == 0 and "A = %s/a #1 " % os.path.basename(tmp) in r.stdout and
+          "B = %s/a #2 " % os.path.basename(tmp) in r.stdout,
+          "one file twice: %r" % r.stdout[:300])
     return pa, pb
 
 
