@@ -242,6 +242,20 @@ def main():
               (rec.group(2) is not None) == (hint is not None) and
               (hint is None or hint.group(1) == rec.group(1)),
               "--simulate with keep: exit %d: %s" % (rc, out[-700:]))
+        # an interleaved config whose own split fits, where the one stage a
+        # device the plain schedules' rows are simulated on (planned under
+        # GPipe's memory, every micro-batch held) does not: the table, the
+        # advice and --write all there (it stopped with that split's error,
+        # an empty table and no file)
+        tg = os.path.join(SRC, "configs", "tiny-gpt.yaml")
+        il = os.path.join(tmp, "il.yaml")
+        rc, out = run("gpipe-balance", [tg, "--reps", "1", "-q", "--set", "data.dataset=synthetic",
+                                        "--set", "pipeline.schedule=interleaved", "--set",
+                                        "pipeline.virtual=2", "--set", "pipeline.memory=60MiB",
+                                        "--simulate", "--write", il] + small, tmp)
+        check(rc == 0 and re.search(r"^gpipe\s+never\s", out, re.M) and
+              "recommended: schedule" in out and os.path.exists(il),
+              "--simulate of an interleaved config that fits: exit %d: %s" % (rc, out[-600:]))
         # refused combinations
         for args, want in ((["--gpu", "h100"], "give --plan N"),
                            (["--memory", "1GiB"], "give --plan N"),

@@ -1061,8 +1061,12 @@ int main(int argc, char **argv)
         int bal1[GP_MAX_DEVICES], balv[2][3][GP_MAX_DEVICES], balz[4][3][GP_MAX_DEVICES];
         const int *one = balance;
         if (v > 1) {
+            /* (planned under GPipe's memory, all m micro-batches held: where
+             * that fits nowhere while the config's own split fits, time
+             * alone too, its rows saying what fits; until 2026-12-01 the
+             * error ended --simulate with an empty table and no --write) */
             s = gp_balance_plan(&prof, &pd, bal1);
-            if (s == GP_ERR_OOM && !own_fits) s = plan_time_alone(&prof, &pd, bal1);
+            if (s == GP_ERR_OOM) s = plan_time_alone(&prof, &pd, bal1);
             one = bal1;
         }
         sim_run runs[GP_SCHEDULE_KINDS + 1];
