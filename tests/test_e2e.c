@@ -560,6 +560,14 @@ static void test_cli_errors(void)
     CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "holds no times") &&
                   !strstr(out, "also needs size"),
               "--simulate on an untimed --profile-in: %s", out);
+    /* a profile taken under another optimizer: its state's bytes in every
+     * layer are another's (it planned AdamW's memory short by a third) */
+    snprintf(cmd, sizeof cmd, "%s %s/configs/mlp.yaml --profile-in %s --set "
+             "'train.optimizer={type: adamw, lr: 0.001}'", balance_bin, GPIPE_SOURCE_DIR, prof);
+    CHECK_MSG(run(cmd, out, sizeof out) == 2 &&
+                  strstr(out, "was taken for SGD with momentum (1 state tensor a parameter); "
+                              "this config's train.optimizer is Adam or AdamW (2)"),
+              "--profile-in of another optimizer: %s", out);
     snprintf(cmd, sizeof cmd, "%s %s/configs/mlp.yaml --by size --simulate", balance_bin,
              GPIPE_SOURCE_DIR);
     CHECK_MSG(run(cmd, out, sizeof out) == 2 && strstr(out, "drop --by size"),

@@ -824,6 +824,19 @@ int main(int argc, char **argv)
         if (s == GP_OK)
             s = gp_profile_check_model(&prof, prof_in, cfg.model.layers, cfg.model.n_layers,
                                        cfg.model.input);
+        /* the optimizer's state is in each layer's bytes and update time:
+         * one taken under SGD planned an AdamW run's memory short by a
+         * third (no check until 2026-12-01) */
+        int slots = gp_model_optim_slots(&cfg);
+        static const char *const slot_names[3] = {"plain SGD", "SGD with momentum",
+                                                  "Adam or AdamW"};
+        if (s == GP_OK && prof.optim_slots >= 0 && prof.optim_slots != slots)
+            s = gp_error_set(GP_ERR_INVALID, "profile '%s' was taken for %s (%d state "
+                             "tensor%s a parameter); this config's train.optimizer is %s (%d): "
+                             "each layer's optimizer state and update time differ; profile this "
+                             "config again (gpipe-balance CONFIG.yaml --profile-out FILE)",
+                             prof_in, slot_names[prof.optim_slots], prof.optim_slots,
+                             prof.optim_slots == 1 ? "" : "s", slot_names[slots], slots);
         if (s == GP_OK) s = check_profile_sizes(&prof, prof_in, batch, m, R, simulate);
         if (s != GP_OK) gp_profile_free(&prof);
         /* facts of this run, not of the profile (balance.h) */

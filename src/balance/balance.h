@@ -161,6 +161,10 @@ typedef struct gp_profile {
     int precision;             /* gp_precision it was timed for (the config's
                                   train.precision); -1: not recorded (a
                                   profile saved before 2026-11-25) */
+    int optim_slots;           /* optimizer state tensors a parameter it was
+                                  taken with (0 plain SGD, 1 momentum, 2 Adam:
+                                  its optim_bytes and update times); -1: not
+                                  recorded (saved before 2026-12-01) */
     bool bf16_copies;          /* the run's copies travel in bfloat16
                                   (pipeline.copy_precision), so what crosses a
                                   stage boundary holds half its bytes while in

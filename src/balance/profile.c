@@ -98,6 +98,10 @@ const char *gp_profile_layer_spec(const gp_layer_spec *s, char *buf, size_t len)
         snprintf(buf, len, "%s", t);
         break;
     }
+    /* a tied layer keeps no optimizer state of its own (not in a profile
+     * taken before 2026-12-01, which read an untied model's as the same) */
+    size_t n = strlen(buf);
+    if (s->tie[0] && n < len) snprintf(buf + n, len - n, " (tie: %s)", s->tie);
     return buf;
 }
 
@@ -760,6 +764,7 @@ static gp_status profile_begin(const gp_layer_spec *specs, int L, const int64_t 
     out->chunks = o->chunks;
     out->timed = o->timed;
     out->precision = o->precision;
+    out->optim_slots = o->optim_slots < 0 ? 0 : o->optim_slots < 2 ? o->optim_slots : 2;
     out->contend = o->timed && o->contend > 0 ? o->contend : 0;
     out->warmup = o->warmup < 0 ? 0 : o->warmup;
     out->reps = o->reps < 1 ? 1 : o->reps;

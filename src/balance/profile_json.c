@@ -72,6 +72,7 @@ static void put_profile(gp_json_writer *w, const gp_profile *p)
     gp_json_put_bool(w, "timed", p->timed);
     if (p->precision >= 0)
         gp_json_put_str(w, "precision", gp_precision_name((gp_precision)p->precision));
+    if (p->optim_slots >= 0) gp_json_put_int(w, "optim_slots", p->optim_slots);
     gp_json_put_int(w, "warmup", p->warmup);
     gp_json_put_int(w, "reps", p->reps);
     gp_json_open_array(w, "sizes");
@@ -320,6 +321,9 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
             c.st = gp_error_set(GP_ERR_DATA, "profile '%s': \"precision\" must be \"fp32\", "
                                 "\"tf32\" or \"bf16\"", path);
     }
+    out->optim_slots = -1; /* absent before 2026-12-01 */
+    if (c.st == GP_OK && gp_json_get(root, "optim_slots"))
+        out->optim_slots = (int)jint_req(&c, root, "optim_slots", 0, 2, "");
     out->warmup = (int)jint_req(&c, root, "warmup", 0, 1 << 20, "");
     out->reps = (int)jint_req(&c, root, "reps", 0, 1 << 20, "");
     const gp_json_value *sizes = jarr_req(&c, root, "sizes", -1, "");

@@ -262,9 +262,7 @@ gp_step_stats gp_step_stats_of(double loss_sum, int64_t correct, int64_t count, 
                            .allreduce_seconds = comm_seconds, .grad_norm = NAN};
 }
 
-/* The optimizer's state tensors per trainable parameter (the profile
- * allocates and times them). */
-static int optim_slots(const gp_config *cfg)
+int gp_model_optim_slots(const gp_config *cfg)
 {
     gp_optim_opts o = gp_model_optim_opts(cfg);
     return gp_optim_states_per_param(&o);
@@ -388,7 +386,7 @@ static void model_profile_opts(const gp_config *cfg, const gp_model_profile_opts
                           .deterministic = cfg->train.deterministic,
                           .warmup = o->warmup, .reps = o->reps, .timed = o->timed,
                           .batch = batch, .chunks = m,
-                          .optim_slots = optim_slots(cfg),
+                          .optim_slots = gp_model_optim_slots(cfg),
                           .seed = cfg->train.seed, .loss = cfg->model.loss,
                           .label_smoothing = cfg->model.label_smoothing, .say = o->say,
                           .stop = build_stop};

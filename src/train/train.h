@@ -139,6 +139,10 @@ gp_status gp_model_build_placed(const gp_config *cfg, gp_device *const *devs, in
  * whole (one replica, tied weights, inference).  What --dry-run, the
  * memory checks and the planner count. */
 int gp_model_optim_shards(const gp_config *cfg);
+/* The optimizer's state tensors per trainable parameter (0 plain SGD, 1
+ * momentum, 2 Adam and AdamW): what a profile allocates and times
+ * (gp_profile.optim_slots). */
+int gp_model_optim_slots(const gp_config *cfg);
 /* Which of cfg's own inputs, besides the config file, writing `out` would
  * replace: model.init_from (a file, or one its folder is made of:
  * gp_path_overlaps), the schedule file (pipeline.schedule: {file: ..}), or
