@@ -254,10 +254,12 @@ gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16, const 
  * exports): each file goes to GP_HF_STAGE + its name in dir (written
  * atomically), and gp_hf_folder_commit renames names[0..k) into place in
  * that order (config.json last), then removes the files of an earlier
- * export (gp_hf_export_name) that this one does not have.  On a failure
- * (ok false: the caller's, or a rename's) the staged files are removed and
- * the earlier export is left as it was.  gp_hf_remove_staged: a killed
- * export's staged files removed (before writing). */
+ * export (gp_hf_export_name) that this one does not have.  Where s (the
+ * caller's status of writing them) is not GP_OK, or a rename fails, the
+ * staged files are removed and that status returned: the earlier export
+ * is as it was (but for the files renamed before a failed rename, which
+ * its message names).  gp_hf_remove_staged: a killed export's staged
+ * files removed (before writing). */
 #define GP_HF_STAGE ".gpipe-export."
 void gp_hf_remove_staged(const char *dir);
 gp_status gp_hf_folder_commit(const char *dir, const char *const *names, int k, gp_status s);
