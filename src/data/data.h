@@ -259,6 +259,10 @@ gp_status gp_loader_create(const gp_dataset *ds, const gp_data_config *cfg,
  * gp_loader_next or gp_loader_destroy. */
 gp_status gp_loader_next(gp_loader *ld, gp_batch *out);
 int64_t gp_loader_batches_per_epoch(const gp_loader *ld);
+/* The batches an epoch of n samples makes in batches of batch_size, the
+ * last partial one dropped or not: what a loader created so serves (for
+ * a caller that needs the count before it creates one). */
+int64_t gp_loader_batches(int64_t n, int64_t batch_size, bool drop_last);
 /* Files skipped as bad so far (data.on_bad_file: skip); 0 otherwise. */
 int64_t gp_loader_bad_files(const gp_loader *ld);
 void gp_loader_destroy(gp_loader *ld);

@@ -304,6 +304,11 @@ int64_t gp_loader_bad_files(const gp_loader *ld)
 
 int64_t gp_loader_batches_per_epoch(const gp_loader *ld) { return ld->batches; }
 
+int64_t gp_loader_batches(int64_t n, int64_t batch_size, bool drop_last)
+{
+    return drop_last ? n / batch_size : (n + batch_size - 1) / batch_size;
+}
+
 /* The dataset, the options and the config checked before anything is
  * allocated; *batches_out: the batches in an epoch. */
 static gp_status loader_check(const gp_dataset *ds, const gp_data_config *cfg,
@@ -315,7 +320,7 @@ static gp_status loader_check(const gp_dataset *ds, const gp_data_config *cfg,
         return gp_error_set(GP_ERR_INVALID, "loader: batch size %lld must be >= 1",
                             (long long)opts->batch_size);
     int64_t bs = opts->batch_size;
-    int64_t batches = *batches_out = opts->drop_last ? ds->n / bs : (ds->n + bs - 1) / bs;
+    int64_t batches = *batches_out = gp_loader_batches(ds->n, bs, opts->drop_last);
     if (batches < 1)
         return gp_error_set(GP_ERR_INVALID, "loader: batch size %lld exceeds the %lld samples "
                                             "of %s and drop_last leaves no batch",

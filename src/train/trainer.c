@@ -1484,7 +1484,7 @@ static gp_status run_start_loader(train_run *r)
                          .labels_only = mp->local_device > 0 && !cfg->data.skip_bad_files};
     /* (a snapshot every rank refuses, another model or damaged, is said
      * once, by rank 0) */
-    int64_t per_epoch = r->train.n / tc->batch_size + (r->rest > 0 && !r->drop_rest);
+    int64_t per_epoch = gp_loader_batches(r->train.n, tc->batch_size, r->drop_rest);
     gp_status s = gp_snapshot_prepare(mp, cfg, r->opts->resume_path, per_epoch, r->saves.lock,
                                       r->opts->quiet, &r->saves.pos);
     s = agree_phase(s, "while reading the snapshot to resume", r->res);
