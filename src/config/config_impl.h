@@ -77,6 +77,11 @@ const char *gp_cfg_example(const char *key);
  * <set> changed it)", so that a message about it does not send the user
  * to a line that reads right. */
 const char *gp_yloc(const char *name, const gp_ynode *n, char *buf, size_t len);
+/* The same with the override that changed n's part named by the caller
+ * (NULL: none), where it is not inside n itself (a layer's type key, whose
+ * options an override replaced). */
+const char *gp_yloc_within(const char *name, const gp_ynode *n, const char *within, char *buf,
+                           size_t len);
 
 /* The first override (--set) that made n or a node inside it; NULL if none. */
 const char *gp_ynode_set_within(const gp_ynode *n);

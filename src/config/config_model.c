@@ -198,10 +198,7 @@ static gp_status layer_bad(const gp_cfg_walk *w, const gp_ynode *tnode, const gp
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    gp_yloc(w->file, tnode, loc, sizeof loc);
-    if (spec->set[0] && !tnode->set)
-        return gp_error_set(GP_ERR_INVALID, "%s (as %s %s changed it): %s", loc,
-                            gp_opt_name(GP_OPT_SET), spec->set, msg);
+    gp_yloc_within(w->file, tnode, spec->set[0] ? spec->set : NULL, loc, sizeof loc);
     return gp_error_set(GP_ERR_INVALID, "%s: %s", loc, msg);
 }
 

@@ -142,7 +142,13 @@ const char *gp_yloc(const char *name, const gp_ynode *n, char *buf, size_t len)
     /* a list or scalar an override changed a part of (a balance entry);
      * not a map, whose messages (a section's, the document's) are seldom
      * about what an override inside it did */
-    const char *within = n && n->kind != GP_YNODE_MAP ? gp_ynode_set_within(n) : NULL;
+    return gp_yloc_within(name, n, n && n->kind != GP_YNODE_MAP ? gp_ynode_set_within(n) : NULL,
+                          buf, len);
+}
+
+const char *gp_yloc_within(const char *name, const gp_ynode *n, const char *within, char *buf,
+                           size_t len)
+{
     if (n && n->set)
         snprintf(buf, len, "%s %s", gp_opt_name(GP_OPT_SET), n->set);
     else if (within) /* the file's node, with a part an override replaced */
