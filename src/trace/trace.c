@@ -204,7 +204,7 @@ gp_status gp_trace_add_step(gp_trace *t, const gp_pipeline *p, gp_device *const 
                 if (src) {
                     /* an arrow from the producing slice to this copy */
                     uint64_t id = t->next_flow++;
-                    event(t, "data", "flow", "s", base + r->from % n);
+                    event(t, "data", "flow", "s", base + gp_pipeline_device_of(p, r->from));
                     gp_json_put_int(w, "tid", 0);
                     gp_json_put_uint(w, "id", id);
                     gp_json_put_fixed(w, "ts", us(t, src->t1) - 0.001, 3);
