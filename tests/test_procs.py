@@ -566,6 +566,19 @@ def traces(tmp):
           "traces: expected 8 forwards on each stage in 2 steps: %s" % sorted(fwd)[:4])
     late = [(k, a, b) for k, a, b in pairs if b and b[0] < a[1] - 20]  # 20 us: clock skew
     check(not late, "traces: stage 1's forward before stage 0's ended: %s" % late[:2])
+    # Rank 1's wait for micro-batch 0's activation is its MPI_Probe for the
+    # message stage 0 sends after its forward: it ends where the copy starts
+    # and lasts (every wait was 0 long, cut to after the probe)
+    xs = [e for e in events if e.get("ph") == "X"]
+    covered = []
+    for c in xs:
+        if c["name"] != "copy a0 s0->s1":
+            continue
+        waits = [w for w in xs if w["name"] == "wait" and w["pid"] == c["pid"] and
+                 abs(w["ts"] + w["dur"] - c["ts"]) < 0.0025]
+        covered.append(bool(waits) and waits[0]["dur"] > 0)
+    check(len(covered) == 2 and all(covered),
+          "traces: rank 1's wait for micro-batch 0's message, in each step: %s" % covered)
     rc, out = run(["/usr/bin/python3", tl, "summary", merged])
     check(rc == 0 and "cpu:0 (stage 0)" in out and "cpu:1 (stage 1)" in out,
           "timeline.py summary of the merged trace: " + out[-500:])

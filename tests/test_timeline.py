@@ -878,32 +878,66 @@ def test_cut(tmp, trace):
           "compare with a cut trace: %s" % err)
 
 
+def check_flows_and_waits(trace, sched):
+    """The raw trace's arrows and waits.  Each flow arrow starts on the
+    device whose slice ends where it starts (its producer: under a V, stage
+    2n-1-d's on device d, where the arrows once started on device
+    stage % n); each "wait" ends where its copy starts; and the waits last
+    (they were cut to the stream's part, which on CPU devices comes after
+    the worker's wait: every one 0 long)."""
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    xs = [e for e in events if e.get("ph") == "X"]
+
+    def ending(pid, ts):  # the slices of device pid that end at ts (3 decimals written)
+        return [e for e in xs if e["pid"] == pid and abs(e["ts"] + e["dur"] - ts) < 0.0025]
+
+    starts = [e for e in events if e.get("ph") == "s"]
+    bad = [e for e in starts
+           if not any(p["cat"] in ("forward", "backward") for p in ending(e["pid"], e["ts"] + 0.001))]
+    check(starts and not bad, "%s: %d flow arrows, each from its producer's device (%d not: %s)"
+          % (sched, len(starts), len(bad), bad[:2]))
+    copies = [e for e in xs if e["name"].startswith("copy ")]
+    unmatched = [c for c in copies
+                 if not any(w["name"] == "wait" for w in ending(c["pid"], c["ts"]))]
+    check(copies and not unmatched, "%s: every copy's wait ends where it starts: %s"
+          % (sched, unmatched[:2]))
+    waited = sum(w["dur"] for w in xs if w["name"] == "wait")
+    check(waited > 0, "%s: the waits last (%.3f us in all)" % (sched, waited))
+
+
 def test_schedules(tmp):
     """Every schedule's trace: per recorded step one forward and one backward
     (backward-data) per (micro-batch, stage), one backward-weights slice too
-    under zb-h1, each on its stage's device (stage j on device j % 2), and
-    device names that list the stages a device holds."""
+    under zb-h1 and zb-v, each on its stage's device (stage j on device
+    j % 2; in zb-v's V stage 2n-1-j on device j), and device names that list
+    the stages a device holds; the arrows and waits of each
+    (check_flows_and_waits)."""
     m, n = 4, 2
-    for sched, S in (("1f1b", 2), ("zb-h1", 2), ("interleaved", 4)):
+    for sched, S in (("1f1b", 2), ("zb-h1", 2), ("interleaved", 4), ("zb-v", 4)):
         trace, _ = gpipe_train(tmp, sched, ["--set", "pipeline.schedule=" + sched,
                                             "--set", "train.steps=3"])
         tr = T.read_trace(trace)
         check(tr.steps() == [1, 2], "%s: recorded steps 1..2 (got %s)" % (sched, tr.steps()))
+        dev = (lambda j: j if j < n else 2 * n - 1 - j) if sched == "zb-v" else (lambda j: j % n)
         if S > n:
-            check(tr.devices == {0: "cpu:0 (stages 0, 2)", 1: "cpu:1 (stages 1, 3)"},
-                  "%s: device names %s" % (sched, tr.devices))
-        kinds = ("forward", "backward", "weights") if sched == "zb-h1" else ("forward", "backward")
+            want = ({0: "cpu:0 (stages 0, 3)", 1: "cpu:1 (stages 1, 2)"} if sched == "zb-v" else
+                    {0: "cpu:0 (stages 0, 2)", 1: "cpu:1 (stages 1, 3)"})
+            check(tr.devices == want, "%s: device names %s" % (sched, tr.devices))
+        kinds = (("forward", "backward", "weights") if sched in ("zb-h1", "zb-v") else
+                 ("forward", "backward"))
         for step in tr.steps():
             for kind in kinds:
                 got = sorted((s.micro_batch, s.stage) for s in tr.slices
                              if s.step == step and s.kind == kind)
                 want = sorted((i, j) for i in range(m) for j in range(S))
                 check(got == want, "%s step %d: one %s per (i, j)" % (sched, step, kind))
-            check(all(s.device == s.stage % n for s in tr.slices
+            check(all(s.device == dev(s.stage) for s in tr.slices
                       if s.step == step and s.kind in kinds),
                   "%s step %d: every computation on its stage's device" % (sched, step))
         check(all(d["busy"] > 0 for d in T.metrics(tr)["devices"].values()),
               "%s: every device busy" % sched)
+        check_flows_and_waits(trace, sched)
 
 
 def main():

@@ -2414,7 +2414,13 @@ void gp_pipeline_set_device_time(gp_pipeline *p, bool on)
  * (the host's kept in h0, h1).  Then each local copy starts no earlier
  * than its producer ended (the copy stream waited for the producer's event
  * inside the copy, past its start marker), and the wait record before it
- * becomes that wait on the stream.  Called once every worker is done. */
+ * becomes the copy's whole wait for its producer: from when the device could
+ * take the copy (the host reached it, or the stream did if that was later,
+ * and not before the copy track's previous record ended) to the copy's
+ * start.  The host's part counts: the stream's start marker comes after
+ * the host waited for the producer (on CPU devices, for its end; under
+ * mpirun, for the message), so the stream alone shows no wait there.
+ * Called once every worker is done. */
 static gp_status resolve_device_time(gp_pipeline *p)
 {
     for (int d = 0; d < p->n; d++) {
@@ -2445,9 +2451,16 @@ static gp_status resolve_device_time(gp_pipeline *p)
             if (e > 0 && w->events[e - 1].is_wait && w->events[e - 1].i == r->i &&
                 w->events[e - 1].kind == r->kind) {
                 gp_event_rec *wr = &w->events[e - 1];
+                double from = wr->t0 < ready ? wr->t0 : ready, floor = -1e300;
+                for (int q = e - 2; q >= 0; q--) /* (resolved: the loop goes forward) */
+                    if (gp_instr_copies(w->events[q].kind)) {
+                        floor = w->events[q].t1;
+                        break;
+                    }
+                if (from < floor) from = floor;
                 wr->h0 = wr->t0;
                 wr->h1 = wr->t1;
-                wr->t0 = ready;
+                wr->t0 = from < r->t0 ? from : r->t0;
                 wr->t1 = r->t0;
                 wr->device_time = true;
             }
