@@ -237,6 +237,28 @@ static void test_refusals(void)
     }
     CHECK_ERR(gp_decoder_open(run, 0, &d), GP_ERR_INVALID, "at least 1");
     gp_run_free(run);
+    /* training replaces the run's model and devices, which hold the
+     * caches: refused while a decoder is open (a feed after it read freed
+     * memory), and trains once they are freed */
+    static const char *one_step[] = {"train.steps=1"};
+    run = load("train", k_gpt, one_step, 1);
+    if (!run) return;
+    gp_decoder *d2 = NULL;
+    CHECK_OK(gp_decoder_open(run, S, &d));
+    CHECK_OK(gp_decoder_open(run, 1, &d2));
+    gp_metrics m;
+    CHECK_ERR(gp_run_train(run, NULL, &m), GP_ERR_INVALID, "2 decoders of this run are open");
+    gp_decoder_free(d2);
+    CHECK_ERR(gp_run_train(run, NULL, &m), GP_ERR_INVALID, "1 decoder of this run is open");
+    if (d) CHECK_OK(gp_decoder_feed(d, ids, 2, 0, out)); /* refused, nothing changed */
+    gp_decoder_free(d);
+    CHECK_OK(gp_run_train(run, NULL, &m));
+    CHECK_MSG(m.step == 1, "trained %lld steps", (long long)m.step);
+    d = NULL;
+    CHECK_OK(gp_decoder_open(run, S, &d));
+    if (d) CHECK_OK(gp_decoder_feed(d, ids, 2, 0, out));
+    gp_decoder_free(d);
+    gp_run_free(run);
     static const char *conv =
         "model:\n"
         "  input: [1, 4, 4]\n"

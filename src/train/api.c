@@ -32,6 +32,8 @@ struct gp_run {
     gp_status diverged_by; /* that step's status */
     bool inference;     /* gp_run_inference_only: no gradients, no optimizer state */
     bool restored;      /* a snapshot's weights were put back (gp_run_restore) */
+    _Atomic int decoders; /* gp_decoder_open's decoders not yet freed: their caches
+                             are on the model's devices */
 };
 
 /* The checks every call on a run makes first. */
@@ -317,6 +319,13 @@ static gp_status run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics
 {
     RUN_ARG(r, "gp_run_train_ex");
     GP_TRY(same_process(r, "gp_run_train_ex"));
+    int open = atomic_load(&r->decoders);
+    if (open > 0)
+        return gp_error_set(GP_ERR_INVALID, "gp_run_train_ex: %d decoder%s of this run %s open; "
+                            "free %s first (gp_decoder_free): training replaces the run's model "
+                            "and devices, which hold %s caches", open, open > 1 ? "s" : "",
+                            open > 1 ? "are" : "is", open > 1 ? "them" : "it",
+                            open > 1 ? "their" : "its");
     if (r->inference)
         return gp_error_set(GP_ERR_INVALID, "gp_run_train_ex: the run is for inference only "
                             "(gp_run_inference_only); load the config again to train");
@@ -643,7 +652,7 @@ static gp_status decoder_open(gp_run *r, int64_t samples, gp_decoder **out)
     *out = NULL;
     GP_TRY(usable(r, "gp_decoder_open"));
     GP_TRY(gp_run_prepare(r));
-    return gp_model_decoder_open(r->model, &r->cfg, samples, out);
+    return gp_model_decoder_open(r->model, &r->cfg, samples, &r->decoders, out);
 }
 
 gp_status gp_decoder_open(gp_run *r, int64_t samples, gp_decoder **out)

@@ -29,6 +29,7 @@
 #include "layers/layers.h"
 #include "train/train.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,6 +40,7 @@ struct gp_decoder {
     int64_t T;       /* the cache's positions (model.input [T]) */
     int64_t len;     /* positions fed so far */
     int64_t step;    /* the model's step when the cache was filled */
+    _Atomic int *open; /* its run's count of open decoders, or NULL */
     gp_tensor *kv;   /* [n_layers]: an attention layer's cache, else empty */
     bool bf16_copies;
 };
@@ -83,7 +85,7 @@ static gp_status refuse(const gp_layer *l, const char *why)
 }
 
 gp_status gp_model_decoder_open(gp_model *m, const gp_config *cfg, int64_t samples,
-                                gp_decoder **out)
+                                _Atomic int *open, gp_decoder **out)
 {
     *out = NULL;
     if (m->local_device >= 0)
@@ -136,6 +138,8 @@ gp_status gp_model_decoder_open(gp_model *m, const gp_config *cfg, int64_t sampl
         gp_decoder_free(d);
         return s;
     }
+    d->open = open;
+    if (open) atomic_fetch_add(open, 1);
     *out = d;
     return GP_OK;
 }
@@ -143,6 +147,7 @@ gp_status gp_model_decoder_open(gp_model *m, const gp_config *cfg, int64_t sampl
 void gp_decoder_free(gp_decoder *d)
 {
     if (!d) return;
+    if (d->open) atomic_fetch_sub(d->open, 1);
     for (int k = 0; k < d->m->n_layers; k++) gp_tensor_free(&d->kv[k]);
     free(d->kv);
     free(d);

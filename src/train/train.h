@@ -416,9 +416,12 @@ gp_status gp_model_evaluate(gp_model *m, const gp_config *cfg,
 gp_status gp_model_evaluate_host(gp_model *m, const gp_config *cfg, const float *x,
                                  const float *y, int64_t n, double *loss, double *accuracy);
 typedef struct gp_decoder gp_decoder;
-/* gpipe.h's gp_decoder_open on a prepared model (decode.c). */
+/* gpipe.h's gp_decoder_open on a prepared model (decode.c).  `open`, where
+ * given, counts the decoders of the model that are open: one more on
+ * success, one less at gp_decoder_free (gp_run refuses to replace its
+ * model while any is). */
 gp_status gp_model_decoder_open(gp_model *m, const gp_config *cfg, int64_t samples,
-                                gp_decoder **out);
+                                _Atomic int *open, gp_decoder **out);
 /* t (FP32) rounded to bfloat16 in place, on its device
  * (pipeline.copy_precision: what crosses a stage, as training's copies
  * round it). */
