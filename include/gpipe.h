@@ -202,7 +202,8 @@ typedef struct gp_train_options {
  * opts->resume), as gpipe-train does, not from the run's current model;
  * once it trained (GP_OK, or GP_ERR_STOPPED after a step) its model
  * replaces the run's and *out holds its last step; on any other error the
- * run keeps the model it had. */
+ * run keeps the model it had, and *out (where given) says step 0 with NaN
+ * for every number: nothing trained. */
 gp_status gp_run_train_ex(gp_run *run, const gp_train_options *opts, gp_metrics *out);
 /* Ask a gp_run_train under way (or the next one) to stop after the current
  * step.  `signo` (> 0) is the cause named in the message, normally the

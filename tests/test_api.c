@@ -463,7 +463,10 @@ static void test_misuse(void)
     memset(&z, 0, sizeof z);
     z.quiet = 1;
     gp_run_stop(run, 0);
+    memset(&m, 0x7f, sizeof m); /* stopped before a step: *out says nothing was trained */
     CHECK_ERR(gp_run_train_ex(run, &z, &m), GP_ERR_STOPPED, "a stop request (gp_run_stop)");
+    CHECK_MSG(m.step == 0 && isnan(m.loss) && isnan(m.lr) && isnan(m.test_loss),
+              "stopped before a step: *out step %lld, loss %g", (long long)m.step, m.loss);
     CHECK_ERR(gp_run_train_ex(run, &z, &m), GP_ERR_STOPPED, "a stop request"); /* it stays */
     gp_run_stop_clear(run);
     CHECK_OK(gp_run_train_ex(run, &z, &m));

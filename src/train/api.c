@@ -318,6 +318,7 @@ gp_status gp_run_train(gp_run *r, const char *metrics_path, gp_metrics *out)
 static gp_status run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics *out)
 {
     RUN_ARG(r, "gp_run_train_ex");
+    if (out) no_step_yet(out, 0); /* what it says where nothing is trained */
     GP_TRY(same_process(r, "gp_run_train_ex"));
     int open = atomic_load(&r->decoders);
     if (open > 0)
