@@ -893,8 +893,8 @@ def check_flows_and_waits(trace, sched):
         return [e for e in xs if e["pid"] == pid and abs(e["ts"] + e["dur"] - ts) < 0.0025]
 
     starts = [e for e in events if e.get("ph") == "s"]
-    bad = [e for e in starts
-           if not any(p["cat"] in ("forward", "backward") for p in ending(e["pid"], e["ts"] + 0.001))]
+    bad = [e for e in starts if not any(p["cat"] in ("forward", "backward")
+                                        for p in ending(e["pid"], e["ts"] + 0.001))]
     check(starts and not bad, "%s: %d flow arrows, each from its producer's device (%d not: %s)"
           % (sched, len(starts), len(bad), bad[:2]))
     copies = [e for e in xs if e["name"].startswith("copy ")]
