@@ -50,6 +50,13 @@ static void test_throughput(void)
     gp_throughput_add(&r, 2, 6.0, true, false);
     gp_throughput_add(&r, 2, 6.5, false, false);
     CHECK_NEAR(r.sps, 4.0, 1e-12, 1e-12);
+    /* an evaluation between steps is not in the window: 2 steps of 0.1 s
+     * around 3 s of it are 40 samples/s, not 2.5 */
+    gp_throughput e = {.start = 10.0};
+    gp_throughput_add(&e, 4, 10.1, false, false);
+    gp_throughput_pause(&e, 3.0);
+    gp_throughput_add(&e, 4, 13.2, false, true);
+    CHECK_NEAR(e.sps, 8 / 0.2, 1e-9, 1e-12);
 }
 
 static void test_schedules(void)

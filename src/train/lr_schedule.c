@@ -48,3 +48,8 @@ void gp_throughput_add(gp_throughput *w, int64_t samples, double now, bool run_f
         w->first = run_first; /* (the steps since the first: so far, until a window closes) */
     }
 }
+
+void gp_throughput_pause(gp_throughput *w, double seconds)
+{
+    if (seconds > 0) w->start += seconds;
+}

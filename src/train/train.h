@@ -53,6 +53,9 @@ typedef struct gp_throughput {
 /* A step of `samples` ended at `now`: run_first, the run's first step;
  * last, its last (which closes the window). */
 void gp_throughput_add(gp_throughput *w, int64_t samples, double now, bool run_first, bool last);
+/* `seconds` of other work between two steps (an epoch's evaluation): left
+ * out of the window, as if it had opened that much later. */
+void gp_throughput_pause(gp_throughput *w, double seconds);
 /* (gp_lr_base, the rate it starts from: config/config.h) */
 /* The steps a run of this config takes in all: train.steps, or its epochs
  * of per_epoch batches. */

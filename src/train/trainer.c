@@ -1714,6 +1714,7 @@ static gp_status evaluate_if_epoch_ended(train_run *r, const train_step *t)
     r->last_epoch = t->b.epoch;
     if (!ended) return GP_OK;
     gp_procs_watch_phase("the evaluation after epoch %lld", (long long)epoch + 1);
+    double t0 = gp_now();
     gp_status s = gp_model_evaluate(r->mp, r->cfg, &r->test, &res->test_loss,
                                     &res->test_accuracy);
     if (s != GP_OK)
@@ -1733,6 +1734,9 @@ static gp_status evaluate_if_epoch_ended(train_run *r, const train_step *t)
         s = record_line(&r->out.record, r->out.metrics, opts->metrics_path, r->out.tb, NULL);
         if (s != GP_OK) return s;
     }
+    /* samples/s is the steps' rate: the evaluation (minutes on a large test
+     * set) is not in the window the next steps close */
+    gp_throughput_pause(&r->window, gp_now() - t0);
     /* A stop asked during the evaluation (minutes on a large test set) is
      * taken now, not after one more step.  The batch just read is not
      * trained: the snapshot's position is before it, and a run resumed
