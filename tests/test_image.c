@@ -150,6 +150,84 @@ static int max_diff(const uint8_t *a, const uint8_t *b, size_t n)
     return m;
 }
 
+/* A region decode's pixels inside the region are the whole decode's at
+ * the same scale, bit for bit, for every chroma subsampling: a 4:2:0 or
+ * 4:2:2 file's colour is upsampled from neighbouring samples, which a
+ * cropped decode lacked at its edges (its first or last column was off
+ * by up to 64 levels in 1 region of 4).  Regions at the image's edges, on
+ * 16-pixel boundaries and just off them, odd and even widths. */
+static void test_region_exact(void)
+{
+    gp_image_codec *cd = NULL;
+    CHECK_OK(gp_image_codec_create(&cd));
+    mkdirs("region");
+    int w = 203, h = 157;
+    uint8_t *rgb = make_rgb(w, h, 3);
+    for (int i = 0; i < w * h; i++) /* colour that changes from one pixel to the next */
+        rgb[3 * i + 2] = (uint8_t)((i * 37) ^ (i / w * 11));
+    const int samps[] = {TJSAMP_420, TJSAMP_422, TJSAMP_440, TJSAMP_444};
+    for (size_t k = 0; k < sizeof samps / sizeof *samps; k++) {
+        char p[600], rel[64];
+        snprintf(rel, sizeof rel, "region/s%d.jpg", samps[k]);
+        path_of(p, sizeof p, rel);
+        write_jpeg(p, rgb, w, h, TJPF_RGB, 90, samps[k]);
+        size_t len = 0;
+        uint8_t *b = slurp(p, &len);
+        if (!b) continue;
+        for (int dn = 1; dn <= 2; dn++) {
+            gp_image full = {0}, im = {0};
+            CHECK_OK(gp_image_decode(cd, b, len, p, 3, dn, &full));
+            int bad = 0, worst = 0, first_bad[4] = {0};
+            uint64_t seed = 12345;
+            for (int r = 0; r < 60 && full.px; r++) {
+                seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+                int rx = (int)((seed >> 33) % (uint64_t)(w - 8)), ry = (int)((seed >> 17) % 97);
+                int rw = 5 + (int)((seed >> 45) % (uint64_t)(w - rx - 4));
+                int rh = 3 + (int)((seed >> 7) % (uint64_t)(h - ry - 2));
+                if (r % 4 == 1) rx &= ~15; /* on a block boundary */
+                if (r % 4 == 2) rx = (rx & ~15) + 1;
+                if (r % 5 == 3) rw = w - rx; /* to the right edge */
+                if (rw > w - rx) rw = w - rx;
+                if (rh > h - ry) rh = h - ry;
+                int ox, oy, fw, fh;
+                if (gp_image_decode_region(cd, b, len, p, dn, rx, ry, rw, rh, &im, &ox, &oy, &fw,
+                                           &fh) != GP_OK) {
+                    CHECK_MSG(false, "region decode: %s", gp_last_error());
+                    continue;
+                }
+                CHECK(fw == full.w && fh == full.h);
+                int x0 = rx / dn, y0 = ry / dn, x1 = (rx + rw + dn - 1) / dn,
+                    y1 = (ry + rh + dn - 1) / dn;
+                x1 = x1 > fw ? fw : x1;
+                y1 = y1 > fh ? fh : y1;
+                CHECK(ox <= x0 && oy <= y0 && ox + im.w >= x1 && oy + im.h >= y1);
+                int d = 0;
+                for (int y = y0; y < y1; y++)
+                    for (int x = x0; x < x1; x++)
+                        for (int c = 0; c < 3; c++) {
+                            int e = abs((int)full.px[((size_t)y * (size_t)fw + (size_t)x) * 3 + c] -
+                                        (int)im.px[((size_t)(y - oy) * (size_t)im.w +
+                                                    (size_t)(x - ox)) * 3 + c]);
+                            d = e > d ? e : d;
+                        }
+                if (d && !bad) {
+                    first_bad[0] = rx, first_bad[1] = ry, first_bad[2] = rw, first_bad[3] = rh;
+                }
+                bad += d != 0;
+                worst = d > worst ? d : worst;
+            }
+            CHECK_MSG(bad == 0, "subsampling %d at 1/%d: %d of 60 regions differ from the whole "
+                      "decode, by up to %d (first %d,%d %dx%d)", samps[k], dn, bad, worst,
+                      first_bad[0], first_bad[1], first_bad[2], first_bad[3]);
+            gp_image_free(&full);
+            gp_image_free(&im);
+        }
+        free(b);
+    }
+    free(rgb);
+    gp_image_codec_destroy(cd);
+}
+
 static void test_decode(void)
 {
     gp_image_codec *cd = NULL;
@@ -1514,6 +1592,7 @@ int main(void)
 {
     if (!gpt_make_tmpdir(tmpdir, sizeof tmpdir, "gpipe-image")) return 1;
     test_decode();
+    test_region_exact();
     test_resample();
     test_crop_geometry();
     test_index_and_cache();

@@ -373,7 +373,8 @@ gp_status gp_image_decode(gp_image_codec *cd, const uint8_t *buf, size_t len, co
  * through the inverse DCT, upsampling and colour conversion, and nothing
  * below it is decoded at all.  out holds scaled pixels [ox, ox + out->w)
  * x [oy, oy + out->h) of the 1/denom image (fw x fh pixels), a superset
- * of the region rounded outwards.  A PNG, or a CMYK JPEG, is decoded whole
+ * of the region rounded outwards, whose pixels inside the region are the
+ * whole image's decode at that scale.  A PNG, or a CMYK JPEG, is decoded whole
  * (ox = oy = 0; a PNG at full size). */
 gp_status gp_image_decode_region(gp_image_codec *cd, const uint8_t *buf, size_t len,
                                  const char *path, int denom, int rx, int ry, int rw, int rh,

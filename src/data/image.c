@@ -437,9 +437,16 @@ gp_status gp_image_decode_region(gp_image_codec *cd, const uint8_t *buf, size_t 
         return gp_error_set(GP_ERR_INVALID, "%s: empty region %d,%d %dx%d of a %dx%d image",
                             path, rx, ry, rw, rh, sw * dn, sh * dn);
     }
-    JDIMENSION xoff = (JDIMENSION)x0, cw = (JDIMENSION)(x1 - x0);
+    /* One scaled column more on each side: a subsampled JPEG's colour is
+     * upsampled from the neighbouring samples, which a cropped decode lacks
+     * at its edges (it repeats the edge sample there), so its first and
+     * last columns differ from the whole image's; with a column beyond
+     * the region on each side, those lie outside it.  (Rows are decoded
+     * with their neighbours.) */
+    int cx0 = x0 > 0 ? x0 - 1 : 0, cx1 = x1 < sw ? x1 + 1 : sw;
+    JDIMENSION xoff = (JDIMENSION)cx0, cw = (JDIMENSION)(cx1 - cx0);
     /* widens the columns to whole iMCUs (xoff down, cw up) */
-    if (x0 > 0 || x1 < sw) jpeg_crop_scanline(&ci, &xoff, &cw);
+    if (cx0 > 0 || cx1 < sw) jpeg_crop_scanline(&ci, &xoff, &cw);
     if (y0 > 0) jpeg_skip_scanlines(&ci, (JDIMENSION)y0);
     int h = y1 - y0;
     gp_status rs = image_reserve(out, (int)cw, h, 3, path);
