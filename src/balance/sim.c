@@ -349,6 +349,14 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
      * that keeps frees it after that layer (checkpoint.c, drop_unread_input) */
     double in_free = mm[first].in_unread ? stored(p, first).in : 0;
     bool fwd_ck[GP_MAX_CHUNKS] = {0}; /* micro-batch i's forward checkpointed */
+    /* stage 0: micro-batch i's input uploaded.  A forward of stage 0
+     * uploads the next micro-batch's input too, so that its copy overlaps
+     * the forward (pipeline.c, await_upload): held from then.  Until
+     * 2026-12-01 each input counted from its own forward, and 1F1B's
+     * stage 0, which runs a backward between two forwards, measured a
+     * micro-batch's input over its plan (a run the start-up check let
+     * through ran out of memory in its first step). */
+    bool uploaded[GP_MAX_CHUNKS + 1] = {0};
     bool whole_next = false; /* the weights half next ran with its data half */
     double grads = 0;
     for (int k = first; k < last; k++)
@@ -395,7 +403,12 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
         case GP_INSTR_RECV_ACT: cur += h * in * s; break;
         case GP_INSTR_RECV_GRAD: cur += h * out * s; break;
         case GP_INSTR_FORWARD:
-            if (j == 0) cur += in * s;
+            if (j == 0 && in_->i >= 0 && in_->i < GP_MAX_CHUNKS) {
+                for (int q = in_->i; q <= in_->i + 1 && q < sched->m; q++)
+                    if (!uploaded[q]) cur += in * (double)sizes[q], uploaded[q] = true;
+            } else if (j == 0) {
+                cur += in * s;
+            }
             /* widened; a forward that keeps frees the packed form first */
             else if (pk) cur += (in_->checkpointed ? 1 : 1 - h) * in * s;
             t = cur + ck_max * s;
