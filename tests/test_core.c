@@ -327,6 +327,35 @@ static void test_output_paths(void)
     CHECK_ERR(gp_check_writable_file("/proc/gpipe-nope.st", "--out", true), GP_ERR_IO,
               "--out '/proc/gpipe-nope.st'");
     CHECK_ERR(gp_check_writable_file("", "--out", true), GP_ERR_INVALID, "empty");
+    /* a path the writers cannot hold is refused here, not at the end of the
+     * run (gp_atomic_open refused 1024 bytes and more, the checks 4032):
+     * a real directory of a 1000-byte path */
+    {
+        char deep[1200];
+        int len = snprintf(deep, sizeof deep, "%s", dir);
+        while (len < 1000) {
+            len += snprintf(deep + len, sizeof deep - (size_t)len, "/%.60s",
+                            "dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd");
+            CHECK(mkdir(deep, 0755) == 0 || errno == EEXIST);
+        }
+        char fp[1300];
+        snprintf(fp, sizeof fp, "%s/w.st", deep);
+        CHECK_ERR(gp_check_writable_file(fp, "--out", true), GP_ERR_INVALID,
+                  "path too long (");
+        CHECK_ERR(gp_check_writable_dir(deep, "--dir"), GP_ERR_INVALID, "gpipe writes paths of "
+                  "up to 899");
+        /* a path under the limit passes both */
+        deep[GP_PATH_MAX_OUT - 80] = '\0';
+        char *cut = strrchr(deep, '/');
+        if (cut) *cut = '\0';
+        snprintf(fp, sizeof fp, "%s/w.st", deep);
+        CHECK_OK(gp_check_writable_file(fp, "--out", true));
+        CHECK_OK(gp_check_writable_dir(deep, "--dir"));
+        char rm[1400];
+        snprintf(rm, sizeof rm, "rm -rf '%s/dddddddddddddddddddddddddddddddddddddddddddddddddddddd"
+                 "dddddd'", dir);
+        CHECK(system(rm) == 0);
+    }
 
     /* directories: existing, to be made (two levels, made and removed
      * again), a file, under a file, where none can be made */

@@ -150,6 +150,12 @@ double gp_now(void);
  * its directory must take a new file and an existing path must be a
  * regular file; otherwise it is opened and written in place. */
 gp_status gp_check_writable_file(const char *path, const char *what, bool replaced);
+/* The longest output path, file or directory, the checks pass: what the
+ * writers' buffers hold (gp_atomic_file's 1024 bytes) with room for the
+ * names written inside a directory (a snapshot's, a staged Hugging Face
+ * shard's).  A longer one passed the checks and failed, or was cut, when
+ * written at the end of the run. */
+#define GP_PATH_MAX_OUT 900
 /* A directory that the writer makes if missing (mkdir -p) and creates
  * files in: an existing `dir` must be a directory that takes a new file; a
  * missing one must be possible to make (it is made, probed, and removed

@@ -48,8 +48,10 @@ gp_status gp_check_writable_file(const char *path, const char *what, bool replac
 {
     if (!path || !*path)
         return gp_error_set(GP_ERR_INVALID, "%s: the path is empty; give a file name", what);
-    if (strlen(path) >= PATH_LEN - 64)
-        return gp_error_set(GP_ERR_INVALID, "%s: path too long: '%.80s...'", what, path);
+    if (strlen(path) >= GP_PATH_MAX_OUT)
+        return gp_error_set(GP_ERR_INVALID, "%s: path too long (%zu bytes; gpipe writes paths of "
+                            "up to %d): '%.80s...'; give a shorter one", what, strlen(path),
+                            GP_PATH_MAX_OUT - 1, path);
     char dir[PATH_LEN], probe[2 * PATH_LEN];
     dir_of(path, dir, sizeof dir);
     struct stat sb;
@@ -102,8 +104,10 @@ gp_status gp_check_writable_dir(const char *dir, const char *what)
         return gp_error_set(GP_ERR_INVALID, "%s: the path is empty; give a directory", what);
     char p[PATH_LEN], probe[PATH_LEN + 64];
     size_t n = strlen(dir);
-    if (n >= sizeof p)
-        return gp_error_set(GP_ERR_INVALID, "%s: path too long: '%.80s...'", what, dir);
+    if (n >= GP_PATH_MAX_OUT)
+        return gp_error_set(GP_ERR_INVALID, "%s: path too long (%zu bytes; gpipe writes paths of "
+                            "up to %d): '%.80s...'; give a shorter one", what, n,
+                            GP_PATH_MAX_OUT - 1, dir);
     memcpy(p, dir, n + 1);
     while (n > 1 && p[n - 1] == '/') p[--n] = '\0';
 
