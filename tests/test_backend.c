@@ -3807,11 +3807,38 @@ static void test_rms_bf16(gp_device *dev)
     dfree(dev, r1, rows); dfree(dev, r2, rows); dfree(dev, dw1, c); dfree(dev, dw2, c);
 }
 
+/* A device allocation the backend refuses (a cudaMalloc past what is
+ * free, which a workspace search then halves and tries again) leaves the
+ * allocator as it was, its peaks too: they were raised by the reservation
+ * and reported memory never held (64 TiB in a step's peak_bytes). */
+static gp_status refusing_alloc(gp_device *dev, size_t bytes, gp_mem_category cat, void **out)
+{
+    (void)dev, (void)bytes, (void)cat, (void)out;
+    return gp_error_set(GP_ERR_OOM, "the backend has none");
+}
+
+static void test_refused_alloc_peak(void)
+{
+    gp_device_iface iface = {0};
+    iface.alloc = refusing_alloc;
+    gp_device dev = {0};
+    dev.iface = &iface;
+    gp_allocator_init(&dev.alloc, "fake:0", 0); /* no capacity: the backend decides */
+    void *p = &dev;
+    CHECK_ERR(gp_dev_alloc(&dev, (size_t)1 << 46, GP_MEM_WORKSPACE, &p), GP_ERR_OOM, "has none");
+    CHECK_MSG(p == NULL && dev.alloc.current == 0 && dev.alloc.live_blocks == 0 &&
+                  dev.alloc.peak == 0 && dev.alloc.peak_by[GP_MEM_WORKSPACE] == 0,
+              "a refused allocation left current %zu, peak %zu, workspace peak %zu",
+              dev.alloc.current, dev.alloc.peak, dev.alloc.peak_by[GP_MEM_WORKSPACE]);
+    gp_allocator_destroy(&dev.alloc);
+}
+
 int main(void)
 {
     gp_log_set_level(GP_LOG_WARN);
     unsetenv("GPIPE_CPU_KEEP_BLOCKS"); /* test_blocked checks the device's blocks */
     test_algo_pick();
+    test_refused_alloc_peak();
     gp_device *dev = NULL, *blk = NULL;
     gp_device_opts o = {.threads = 2};
     if (gp_device_open("cpu:0", &o, &dev) != GP_OK) {

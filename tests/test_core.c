@@ -114,7 +114,14 @@ static void test_allocator(void)
     gp_allocator a;
     gp_allocator_init(&a, "cpu:3", 1000);
     CHECK_OK(gp_allocator_reserve(&a, 600, GP_MEM_PARAMS));
+    gp_allocator_commit(&a, GP_MEM_PARAMS);
+    /* reserved, then released without its memory (the backend could not
+     * allocate it): the peaks never saw it */
+    CHECK_OK(gp_allocator_reserve(&a, 350, GP_MEM_WORKSPACE));
+    gp_allocator_release(&a, 350, GP_MEM_WORKSPACE);
+    CHECK(a.peak == 600 && a.peak_by[GP_MEM_WORKSPACE] == 0 && a.live_blocks == 1);
     CHECK_OK(gp_allocator_reserve(&a, 300, GP_MEM_ACTIVATIONS));
+    gp_allocator_commit(&a, GP_MEM_ACTIVATIONS);
     CHECK(a.current == 900 && a.peak == 900 && a.cur_by[GP_MEM_PARAMS] == 600);
     CHECK_ERR(gp_allocator_reserve(&a, 200, GP_MEM_ACTIVATIONS), GP_ERR_OOM, "device cpu:3");
     CHECK(strstr(gp_last_error(), "requested 200 B") != NULL);

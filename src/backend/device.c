@@ -230,6 +230,7 @@ gp_status gp_dev_alloc(gp_device *dev, size_t bytes, gp_mem_category cat, void *
         gp_allocator_release(&dev->alloc, bytes, cat);
         return s;
     }
+    gp_allocator_commit(&dev->alloc, cat);
     return GP_OK;
 }
 

@@ -58,10 +58,17 @@ gp_status gp_allocator_reserve(gp_allocator *a, size_t bytes, gp_mem_category ca
     a->current += bytes;
     a->cur_by[cat] += bytes;
     a->live_blocks++;
+    pthread_mutex_unlock(&a->lock);
+    return GP_OK;
+}
+
+void gp_allocator_commit(gp_allocator *a, gp_mem_category cat)
+{
+    GP_ASSERT(cat >= 0 && cat < GP_MEM_COUNT);
+    pthread_mutex_lock(&a->lock);
     if (a->current > a->peak) a->peak = a->current;
     if (a->cur_by[cat] > a->peak_by[cat]) a->peak_by[cat] = a->cur_by[cat];
     pthread_mutex_unlock(&a->lock);
-    return GP_OK;
 }
 
 void gp_allocator_release(gp_allocator *a, size_t bytes, gp_mem_category cat)

@@ -306,9 +306,14 @@ typedef struct gp_allocator {
 void gp_allocator_init(gp_allocator *a, const char *device, size_t capacity);
 void gp_allocator_destroy(gp_allocator *a);
 /* Reserve `bytes` in category `cat`; fails with GP_ERR_OOM and a message
- * naming the device, the request, the bytes in use and the capacity. */
+ * naming the device, the request, the bytes in use and the capacity.  The
+ * peaks take it at gp_allocator_commit, once the memory is there: a
+ * reservation released because the backend could not allocate (a search's
+ * workspace halved and tried again) was counted in the peaks, up to GiBs
+ * that were never held. */
 gp_status gp_allocator_reserve(gp_allocator *a, size_t bytes,
                                gp_mem_category cat);
+void gp_allocator_commit(gp_allocator *a, gp_mem_category cat);
 void gp_allocator_release(gp_allocator *a, size_t bytes, gp_mem_category cat);
 /* Bytes in use now. */
 size_t gp_allocator_current(gp_allocator *a);
