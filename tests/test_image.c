@@ -408,6 +408,42 @@ static void test_decode(void)
                   gp_last_error());
         free(b);
     }
+    /* stray bytes before the end marker (libjpeg's warning "N extraneous
+     * bytes before marker 0xd9", in some photo collections): decoded as
+     * Pillow decodes it, the clean file's pixels, whole and as a region
+     * (the whole decode stopped on the warning and failed, where a crop,
+     * which stops before the end, trained on it); a truncated one is still
+     * refused both ways */
+    {
+        char src[600], dst[600];
+        path_of(src, sizeof src, "dec/rgb.jpg");
+        path_of(dst, sizeof dst, "dec/extra.jpg");
+        size_t len = 0;
+        uint8_t *b = slurp(src, &len);
+        uint8_t *x = calloc(len + 20, 1);
+        if (b && x && len > 2 && b[len - 2] == 0xff && b[len - 1] == 0xd9) {
+            memcpy(x, b, len - 2);
+            x[len + 18] = 0xff, x[len + 19] = 0xd9;
+            gp_image clean = {0}, ext = {0};
+            CHECK_OK(gp_image_decode(cd, b, len, src, 3, 1, &clean));
+            CHECK_OK(gp_image_decode(cd, x, len + 20, dst, 3, 1, &ext));
+            CHECK_MSG(ext.w == clean.w && ext.h == clean.h &&
+                          !memcmp(ext.px, clean.px, (size_t)clean.w * (size_t)clean.h * 3),
+                      "stray bytes before the end marker changed the pixels");
+            int ox, oy, fw, fh;
+            CHECK_OK(gp_image_decode_region(cd, x, len + 20, dst, 1, 0, 0, w, h, &ext, &ox, &oy,
+                                            &fw, &fh));
+            CHECK(gp_image_decode_region(cd, b, len * 2 / 3, dst, 1, 0, 0, w, h, &ext, &ox, &oy,
+                                         &fw, &fh) == GP_ERR_DATA &&
+                  message_has("remature end"));
+            gp_image_free(&clean);
+            gp_image_free(&ext);
+        } else {
+            CHECK_MSG(false, "%s does not end with the end marker", src);
+        }
+        free(x);
+        free(b);
+    }
     /* a failed decode does not spoil the next header: a JPEG cut before
      * its scan, then a good one, on the same decoder (libjpeg-turbo 2.1's
      * handle reported 0 x 40 for the good one until gpipe replaced it) */

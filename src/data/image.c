@@ -14,6 +14,7 @@
 #include <turbojpeg.h>
 /* after stdio.h (core.h): jpeglib.h needs FILE and size_t */
 #include <jpeglib.h>
+#include <jerror.h>
 #endif
 
 void gp_image_free(gp_image *im)
@@ -301,6 +302,13 @@ gp_status gp_image_probe(gp_image_codec *cd, const uint8_t *buf, size_t len, con
     return s == GP_OK ? s : tj_failed(cd, s);
 }
 
+/* A libjpeg warning that says the data ran out (JWRN_JPEG_EOF's "Premature
+ * end of JPEG file", JWRN_HIT_MARKER's "premature end of data segment"). */
+static bool jpeg_truncated(const char *msg)
+{
+    return strstr(msg, "remature end") != NULL;
+}
+
 gp_status gp_image_decode(gp_image_codec *cd, const uint8_t *buf, size_t len, const char *path,
                           int channels, int denom, gp_image *out)
 {
@@ -316,9 +324,12 @@ gp_status gp_image_decode(gp_image_codec *cd, const uint8_t *buf, size_t len, co
     GP_TRY(jpeg_size_ok(w, h, path));
     if (denom != 1 && denom != 2 && denom != 4 && denom != 8) denom = 1;
     int sw = gp_image_scaled(w, denom), sh = gp_image_scaled(h, denom);
-    /* A truncated file is an error, as it is to Pillow: libjpeg's warning
-     * ("premature end of data") stops the decode instead of padding gray. */
-    int flags = TJFLAG_STOPONWARNING;
+    /* A truncated file is an error, as it is to Pillow: libjpeg pads it
+     * gray with a warning ("Premature end of JPEG file", and "premature end
+     * of data segment" after it).  Its other warnings are decoded through,
+     * as Pillow and the region decode do (stopped on, a JPEG with stray
+     * bytes before its end marker failed whole and trained as a crop). */
+    int flags = 0;
     bool cmyk = cs == TJCS_CMYK || cs == TJCS_YCCK;
     gp_image *dst = cmyk ? &cd->cmyk : out;
     /* a colour JPEG read as a mask goes through RGB, so that it keeps its
@@ -327,7 +338,8 @@ gp_status gp_image_decode(gp_image_codec *cd, const uint8_t *buf, size_t len, co
     int pf = cmyk ? TJPF_CMYK : gray ? TJPF_GRAY : TJPF_RGB;
     int pc = cmyk ? 4 : gray ? 1 : 3;
     GP_TRY(image_reserve(dst, sw, sh, pc, path));
-    if (tjDecompress2(cd->dec, buf, (unsigned long)len, dst->px, sw, sw * pc, sh, pf, flags) != 0)
+    if (tjDecompress2(cd->dec, buf, (unsigned long)len, dst->px, sw, sw * pc, sh, pf, flags) != 0 &&
+        (tjGetErrorCode(cd->dec) != TJERR_WARNING || jpeg_truncated(tjGetErrorStr2(cd->dec))))
         return tj_failed(cd, gp_error_set(GP_ERR_DATA, "%s: JPEG decode failed: %s", path,
                                           tjGetErrorStr2(cd->dec)));
     if (!cmyk) {
@@ -373,11 +385,12 @@ static void jpeg_on_error(j_common_ptr c)
     longjmp(e->jb, 1);
 }
 
-/* Warnings (a truncated file's "premature end of data") stop the decode,
- * as TJFLAG_STOPONWARNING does for whole images. */
+/* A truncated file's warnings stop the decode, as they fail a whole
+ * image's; the others are decoded through (gp_image_decode). */
 static void jpeg_on_message(j_common_ptr c, int level)
 {
-    if (level < 0) jpeg_on_error(c);
+    if (level < 0 && (c->err->msg_code == JWRN_JPEG_EOF || c->err->msg_code == JWRN_HIT_MARKER))
+        jpeg_on_error(c);
 }
 
 gp_status gp_image_decode_region(gp_image_codec *cd, const uint8_t *buf, size_t len,
