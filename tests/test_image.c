@@ -701,6 +701,36 @@ static gp_data_config folder_cfg(const char *root, int side)
     return c;
 }
 
+/* A class's files in torchvision's ImageFolder order (sorted(os.walk()):
+ * by folder path, then name): z.jpg, a/1.jpg, a-b/1.jpg, a/x/1.jpg, where
+ * the depth-first walk put a/x/1.jpg before a-b/1.jpg ('-' sorts before
+ * '/'); which files train_limit keeps and the sample indices follow it. */
+static void test_folder_order(void)
+{
+    const char *rels[] = {"ord/train/c/z.jpg", "ord/train/c/a/1.jpg", "ord/train/c/a/x/1.jpg",
+                          "ord/train/c/a-b/1.jpg", "ord/train/c/a/x/0.jpg"};
+    mkdirs("ord/train/c/a/x");
+    mkdirs("ord/train/c/a-b");
+    uint8_t *px = make_rgb(20, 20, 0);
+    for (size_t k = 0; k < sizeof rels / sizeof *rels; k++) {
+        char p[700];
+        path_of(p, sizeof p, rels[k]);
+        write_jpeg(p, px, 20, 20, TJPF_RGB, 90, TJSAMP_444);
+    }
+    free(px);
+    gp_data_config cfg = folder_cfg("ord", 16);
+    gp_image_folder *f = NULL;
+    bool cached = true;
+    CHECK_OK(gp_image_folder_open(&cfg, true, 16, 16, &f, &cached));
+    if (!f) return;
+    const char *want[] = {"c/z.jpg", "c/a/1.jpg", "c/a-b/1.jpg", "c/a/x/0.jpg", "c/a/x/1.jpg"};
+    CHECK(gp_image_folder_size(f) == 5);
+    for (int64_t i = 0; i < gp_image_folder_size(f) && i < 5; i++)
+        CHECK_MSG(!strcmp(gp_image_folder_file(f, i), want[i]), "file %lld: %s, want %s",
+                  (long long)i, gp_image_folder_file(f, i), want[i]);
+    gp_image_folder_free(f);
+}
+
 static void test_index_and_cache(void)
 {
     const char *classes[] = {"zebra", "ant", "moth"};
@@ -1631,6 +1661,7 @@ int main(void)
     test_region_exact();
     test_resample();
     test_crop_geometry();
+    test_folder_order();
     test_index_and_cache();
     test_cache_damage();
     test_bad_folders();

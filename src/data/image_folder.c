@@ -7,8 +7,9 @@
  *
  * Layouts (data.layout):
  *   classification  <path>/<split>/<class>/.../<image>.{jpg,jpeg,png}: classes are
- *                   the sorted folder names, files sorted by path under
- *                   each, as torchvision's ImageFolder orders them.
+ *                   the sorted folder names, files sorted by folder path,
+ *                   then name, under each, as torchvision's ImageFolder
+ *                   orders them.
  *   segmentation    <path>/<split>/images/<name>.<ext> with a mask
  *                   <path>/<split>/masks/<name>.<ext> of the same stem.
  * <split> is "train" or "val".
@@ -101,6 +102,20 @@ static gp_status sv_push(strvec *s, const char *str)
     if (!s->v[s->n]) return gp_error_set(GP_ERR_OOM, "out of host memory listing image files");
     s->n++;
     return GP_OK;
+}
+
+/* torchvision's ImageFolder order of a class's files (sorted(os.walk())
+ * and each folder's names sorted): by folder path, then by name.  Not the
+ * depth-first walk's, which put "a/x/1.jpg" before "a-b/1.jpg" ('-' sorts
+ * before '/'). */
+static int cmp_tv(const void *a, const void *b)
+{
+    const char *x = *(char *const *)a, *y = *(char *const *)b;
+    const char *sx = strrchr(x, '/'), *sy = strrchr(y, '/');
+    size_t dx = sx ? (size_t)(sx - x) : 0, dy = sy ? (size_t)(sy - y) : 0;
+    int c = memcmp(x, y, dx < dy ? dx : dy);
+    if (c || dx != dy) return c ? c : (dx > dy) - (dx < dy);
+    return strcmp(x + dx, y + dy);
 }
 
 /* qsort with a NULL array is undefined even for 0 elements */
@@ -299,6 +314,7 @@ static gp_status list_classification(gp_image_folder *f)
         int64_t before = files.n;
         s = class_alias(f, cls.v[c]);
         if (s == GP_OK) s = walk(f, cls.v[c], true, &files, &ignored);
+        if (s == GP_OK) sv_sort(&files, before, cmp_tv);
         if (s == GP_OK && files.n == before)
             s = gp_error_set(GP_ERR_DATA, "%s/%s: class folder with no images (.jpg, .jpeg or "
                              ".png); add images or remove the folder", f->dir, cls.v[c]);
@@ -409,9 +425,10 @@ static gp_status list_segmentation(gp_image_folder *f)
 
 /* ---- the cache --------------------------------------------------------- */
 
-/* (version 2 ends in the count and checksum line) */
+/* (version 2 ends in the count and checksum line; version 3 lists a
+ * class's files in torchvision's order, cmp_tv) */
 #define CACHE_MAGIC_STEM "gpipe-image-index "
-#define CACHE_MAGIC CACHE_MAGIC_STEM "2"
+#define CACHE_MAGIC CACHE_MAGIC_STEM "3"
 
 static void cache_path(const gp_data_config *cfg, const char *split, const char *dir, char *out,
                        size_t len, bool fallback)
