@@ -766,6 +766,11 @@ static void test_profile_identity(const gp_config *cfg, const gp_profile *q, con
     CHECK(rewrite(path, p2, "\"keep_per_sample\":", "\"keep_per_sample\":-1e300,\"was\":"));
     CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA,
               "layers[0]: \"keep_per_sample\" is -1e+300, not an amount (0 .. 1e18)");
+    /* the run's facts out of range: cast to int and int64 (undefined) */
+    CHECK(rewrite(path, p2, "\"batch\":", "\"contend\": 1e300, \"batch\":"));
+    CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA, "\"contend\"");
+    CHECK(rewrite(path, p2, "\"batch\":", "\"evict_bytes\": -5, \"batch\":"));
+    CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA, "\"evict_bytes\"");
     remove(p2);
 }
 

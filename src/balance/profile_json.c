@@ -280,10 +280,12 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
     const gp_json_value *dv = gp_json_get(root, "device");
     if (dv && dv->kind == GP_JSON_STRING) snprintf(out->device, sizeof out->device, "%s", dv->str);
     out->threads = (int)jint_req(&c, root, "threads", 0, 1 << 16, "");
-    const gp_json_value *cd = gp_json_get(root, "contend"); /* absent before 2026-11-22: 0 */
-    out->contend = cd && cd->kind == GP_JSON_NUMBER ? (int)cd->num : 0;
-    const gp_json_value *eb = gp_json_get(root, "evict_bytes");
-    out->evict_bytes = eb && eb->kind == GP_JSON_NUMBER ? (int64_t)eb->num : 0;
+    /* absent before 2026-11-22: 0; present, a count in range (1e300 was
+     * cast to int, undefined) */
+    out->contend = gp_json_get(root, "contend")
+                       ? (int)jint_req(&c, root, "contend", 0, 1 << 16, "") : 0;
+    out->evict_bytes = gp_json_get(root, "evict_bytes")
+                           ? jint_req(&c, root, "evict_bytes", 0, (int64_t)1 << 50, "") : 0;
     out->batch = jint_req(&c, root, "batch", 1, (int64_t)1 << 40, "");
     out->chunks = (int)jint_req(&c, root, "chunks", 1, 1 << 20, "");
     out->first_trainable = (int)jint_req(&c, root, "first_trainable", 0, 1 << 20, "");
