@@ -811,9 +811,11 @@ static void test_resume_plain_sgd(void)
 /* ZeRO stage 1 (issue 79): with replicas each keeps only its chunk of the
  * optimizer state, and a snapshot holds the whole.  test_resume_adam's
  * AdamW snapshot of 2 devices x 2 replicas, loaded into the same model
- * with 1 and with 3 replicas (uneven chunks: 2048 and 10 elements over 3)
- * and collected again, gives back every moment bit for bit: the chunks are
- * scattered on load and gathered on write, whatever R. */
+ * with 1, 3 and 11 replicas (uneven chunks: 2048 and 10 elements over 3;
+ * over 11, replica 0's chunk of the 10-element bias is empty, and the other
+ * replicas' chunks of it were left at zero) and collected again, gives
+ * back every moment bit for bit: the chunks are scattered on load and
+ * gathered on write, whatever R. */
 static void test_state_any_replicas(void)
 {
     char p[400], out[400];
@@ -825,7 +827,9 @@ static void test_state_any_replicas(void)
         CHECK_MSG(false, "open %s: %s", p, gp_last_error());
         return;
     }
-    for (int R = 1; R <= 3; R += 2) {
+    static const int Rs[] = {1, 3, 11};
+    for (size_t ri = 0; ri < sizeof Rs / sizeof *Rs; ri++) {
+        int R = Rs[ri];
         char yaml[2048];
         snprintf(yaml, sizeof yaml, "%spipeline: {devices: 2, replicas: %d, chunks: 2}\n", k_mlp,
                  R);

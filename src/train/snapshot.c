@@ -1022,6 +1022,23 @@ static bool weights_fit(const gp_model *m, const gp_st_file *f, naming nm)
     return fit;
 }
 
+/* Whether state tensor mt of parameter p of layer k is this process's to
+ * check and upload, and (*part) whether it holds a replica's chunk alone
+ * (ZeRO stage 1: the file holds the whole, shaped as the parameter).
+ * Where the parameter is this process's and the state sharded over its
+ * replicas (threads of this process), replica 0's chunk of a tensor
+ * smaller than the replicas is empty (no memory) while the others' are
+ * not: theirs are uploaded too (they were left at zero, and the resumed
+ * run went another way).  (Under mpirun each rank loads its own chunk.) */
+static bool state_ours(const gp_model *m, int k, int p, const gp_param *pr, const gp_tensor *mt,
+                       bool *part)
+{
+    int64_t lo, hi;
+    *part = gp_optim_state_range(m->optim, k, p, &lo, &hi);
+    bool threads = !m->proc_comm && m->n_replicas > 1;
+    return gp_tensor_mem(mt) || (*part && threads && gp_tensor_mem(&pr->value));
+}
+
 gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
 {
     /* Pass 1 checks every name and value; pass 2 uploads.  So a failed
@@ -1064,11 +1081,8 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
                     char pre[24];
                     file_name(f, name, state_prefix(m, q, pre, sizeof pre), m, k, nm, pr->name,
                               &old, first_old);
-                    if (pass == 0 && gp_tensor_mem(mt)) GP_TRY(need(f, name));
-                    /* a replica's chunk alone (ZeRO stage 1): the file holds
-                     * the whole, shaped as the parameter */
-                    int64_t lo, hi;
-                    bool part = gp_optim_state_range(m->optim, k, p, &lo, &hi);
+                    bool part, ours = state_ours(m, k, p, pr, mt, &part);
+                    if (pass == 0 && ours) GP_TRY(need(f, name));
                     const gp_tensor *shape = part ? &pr->value : mt;
                     expect(f, name, GP_ST_F32, shape->ndim, shape->dims, &missing, &bad, &t);
                     if (pass == 0) {
@@ -1077,7 +1091,7 @@ gp_status gp_snapshot_apply(gp_model *m, gp_st_file *f, bool optimizer)
                     }
                     if (pass == 0 && t && (t->data || f->fetch) && fs == GP_OK)
                         fs = scan_tensor(f, t, name, &values);
-                    if (pass == 1 && gp_tensor_mem(mt)) GP_TRY(upload_state(m, f, t, k, p, q));
+                    if (pass == 1 && ours) GP_TRY(upload_state(m, f, t, k, p, q));
                 }
             }
             const char *cn[MAX_COUNTERS];
