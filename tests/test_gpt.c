@@ -290,12 +290,15 @@ static void dry_run(void)
               "GPT-2 in bf16 has FP32 activations:\n%s", out);
     /* --gpu: the roofline floor (roofline.c), from the shapes on any
      * machine: one micro-batch's launches counted as it counts them (the
-     * embedding 3; a block's 4 linear layers 3 each, its 2 norms' backward 2
-     * each, attention 2, each add with the norm after it 1 (its backward
-     * none), GELU none (in the products' epilogues); block 0's first norm's
-     * forward 1; the final norm's backward 2 (its forward the last add's);
-     * the tied head 2; the update 1), the step's time at least its FLOPs
-     * over the peak and its bytes over the bandwidth */
+     * embedding 2, no input gradient; a block's 4 linear layers 3 each, its
+     * 2 norms' backward 2 each, attention 2, each add with the norm after it
+     * 1 (its backward none), GELU none (in the products' epilogues); block
+     * 0's first norm's forward 1; the final norm's backward 2 (its forward
+     * the last add's); the tied head 3, its weight's gradient too; the
+     * update 1), the step's FLOPs at least the summary's forward and
+     * backward (the tied head's backward-weights product, a tenth of them,
+     * was left out), the step's time at least its FLOPs over the peak and
+     * its bytes over the bandwidth */
     snprintf(cmd, sizeof cmd, "'%s' '%s/configs/gpt2.yaml' --dry-run --gpu h100 --set "
              "train.precision=bf16 --set pipeline.chunks=1", bin, GPIPE_SOURCE_DIR);
     rc = gpt_run_cmd(cmd, out, sizeof out);
@@ -306,8 +309,16 @@ static void dry_run(void)
     double gflop = 0, gb = 0, ms = 0;
     CHECK_MSG(st && sscanf(st, " step %lld %lf %lf %lf", &launches, &gflop, &gb, &ms) == 4,
               "no step row in:\n%s", out);
-    CHECK_MSG(launches == 3 + 12 * (4 * 3 + 2 * 2 + 2 + 2) + 1 + 2 + 2 + 1,
+    CHECK_MSG(launches == 2 + 12 * (4 * 3 + 2 * 2 + 2 + 2) + 1 + 2 + 3 + 1,
               "roofline launches %lld", launches);
+    const char *em = strstr(out, "\n  embedding "), *tot = strstr(out, " MFLOP forward per batch (");
+    long long em_launches = 0;
+    double step_mflop = 0;
+    CHECK_MSG(em && sscanf(em, " embedding %lld", &em_launches) == 1 && em_launches == 2,
+              "the embedding's launches: %lld (no input gradient)", em_launches);
+    CHECK_MSG(tot && sscanf(tot, " MFLOP forward per batch (%lf", &step_mflop) == 1 &&
+                  gflop >= step_mflop / 1e3 * 0.999,
+              "the roofline's step %.1f GFLOP, under the summary's %.1f", gflop, step_mflop / 1e3);
     CHECK_MSG(ms >= gflop / 989e3 * 1e3 * 0.999 && ms >= gb / 3.35e3 * 1e3 * 0.999 && ms > 0,
               "the floor %.3f ms is under a bound (%.2f GFLOP, %.3f GB)", ms, gflop, gb);
     snprintf(cmd, sizeof cmd, "'%s' '%s/configs/gpt2.yaml' --dry-run --gpu a100", bin,

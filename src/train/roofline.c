@@ -94,12 +94,20 @@ typedef struct {
 static roof_costs roof_costs_of(const gp_layer *l, int64_t b, int m)
 {
     double per = (double)b / m, f = l->ops->flops(l, b) / m;
-    /* attention's backward recomputes the scores: 5 products to 2 */
+    /* attention's backward recomputes the scores: 5 products to 2.  A
+     * tied weight is read, and its gradient made, by each layer that has
+     * it (tie.c: each keeps its own gradient; their sum is the update's):
+     * a tied head's backward-weights product is a tenth of GPT-2's step,
+     * which the model's parameter count (the weight once) left out. */
     return (roof_costs){f, l->spec.type == GP_LAYER_ATTENTION ? 2.5 * f : f,
                         (double)gp_shape_numel(&l->in_shape) * per,
                         (double)gp_shape_numel(&l->out_shape) * per,
-                        (double)gp_model_layer_params(l)};
+                        (double)(gp_layer_param_count(l) - gp_model_layer_padding(l, NULL))};
 }
+
+/* Whether a layer with weights passes a gradient to its input: not an
+ * embedding (token ids). */
+static bool roof_has_dx(const gp_layer *l) { return l->spec.type != GP_LAYER_EMBEDDING; }
 
 /* Whether layer k's forward runs in layer k - 1's launch (the same stage:
  * `first` its first layer), or its backward in layer k + 1's. */
@@ -143,7 +151,7 @@ static void roof_layer(const roof_gpu *g, int prec, const gp_layer *ls, int firs
             fb += p.fb;
             bytes += p.in * elt;
         }
-        roof_add(g, prec, r, m, fb, bytes);
+        if (roof_has_dx(l)) roof_add(g, prec, r, m, fb, bytes);
         roof_add(g, prec, r, m, c.f, (c.out + c.in) * elt + c.np * 8.0);
     } else if (!roof_bwd_joins(ls, end, k) &&
                !(l->spec.type == GP_LAYER_ADD && l->spec.out == 0)) {
@@ -256,7 +264,10 @@ gp_status gp_roofline_profile(const gp_config *cfg, const char *gpu, const int64
             lt->fwd = roof_launch(g, prec, c.f, (c.in + c.out) * elt + c.np * elt, &mem);
             lt->recompute = lt->fwd;
             if (c.np > 0) {
-                lt->bwd_data = roof_launch(g, prec, c.fb, (c.out + c.in) * elt + c.np * elt, &mem);
+                lt->bwd_data = roof_has_dx(&m.layers[k])
+                                   ? roof_launch(g, prec, c.fb, (c.out + c.in) * elt + c.np * elt,
+                                                 &mem)
+                                   : 0;
                 lt->bwd_weights = roof_launch(g, prec, c.f, (c.out + c.in) * elt + c.np * 8.0, &mem);
             } else {
                 lt->bwd_data = roof_launch(g, prec, c.fb, (2 * c.out + 2 * c.in) * elt, &mem);
