@@ -411,6 +411,22 @@ static void test_cli_errors(void)
     rc_huge = run(cmd, out, sizeof out);
     CHECK_MSG(rc_huge == 2 && strstr(out, "give --dry-run too") && !strstr(out, "step 1"),
               "-v alone: exit %d, %s", rc_huge, out);
+    /* --dry-run with an output or a snapshot: refused (each was accepted,
+     * and nothing written or read) */
+    {
+        const char *opts[][2] = {{"--metrics m.jsonl", "takes no --metrics"},
+                                 {"--trace t.json", "takes no --trace"},
+                                 {"--tensorboard tb", "takes no --tensorboard"},
+                                 {"--export-weights w.safetensors", "takes no --export-weights"},
+                                 {"--resume /nonexistent", "does not read --resume's snapshot"}};
+        for (size_t q = 0; q < sizeof opts / sizeof *opts; q++) {
+            snprintf(cmd, sizeof cmd, "cd %s && %s %s/configs/default.yaml --dry-run %s",
+                     tmpdir, bin, GPIPE_SOURCE_DIR, opts[q][0]);
+            rc_huge = run(cmd, out, sizeof out);
+            CHECK_MSG(rc_huge == 2 && strstr(out, opts[q][1]) && !strstr(out, "model summary"),
+                      "--dry-run %s: exit %d, %s", opts[q][0], rc_huge, out);
+        }
+    }
     snprintf(cmd, sizeof cmd, "%s %s/configs/default.yaml --dry-run --set train.batch_size=abc",
              bin, GPIPE_SOURCE_DIR);
     CHECK(run(cmd, out, sizeof out) == 2);

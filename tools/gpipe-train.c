@@ -38,7 +38,9 @@ static void usage(FILE *f)
           "                     (repeatable; one line each; list items by index:\n"
           "                     model.layers.0.out=32)\n"
           "  --dry-run          print the model summary (per layer: output shape,\n"
-          "                     parameters, FLOPs, activation bytes; totals) and exit\n"
+          "                     parameters, FLOPs, activation bytes; totals) and exit;\n"
+          "                     it writes no file (no --metrics, --trace, --tensorboard,\n"
+          "                     --export-weights) and with CONFIG reads no --resume\n"
           "  -v, --verbose      with --dry-run, also every default the config left to\n"
           "                     gpipe (key = value)\n"
           "  --gpu h100|h200    with --dry-run, also a roofline floor of the step on\n"
@@ -465,6 +467,21 @@ int main(int argc, char **argv)
                   : "gpipe-train: --convert trains nothing, so it writes no --metrics, --trace "
                     "or --tensorboard and has no --dry-run; leave them out\n",
               stderr);
+        free(sets);
+        return EXIT_USAGE;
+    }
+    if (dry && !convert && (metrics || trace || tensorboard || export || (config && resume))) {
+        /* (they were accepted and nothing was written, or the snapshot not
+         * even opened) */
+        const char *opt = metrics ? "--metrics" : trace ? "--trace" : tensorboard ? "--tensorboard"
+                          : export ? "--export-weights" : "--resume";
+        if (config && resume && opt[2] == 'r')
+            fputs("gpipe-train: --dry-run plans CONFIG as it is and does not read --resume's "
+                  "snapshot; leave one out (--dry-run --resume SNAPSHOT without CONFIG "
+                  "describes the snapshot's run)\n", stderr);
+        else
+            fprintf(stderr, "gpipe-train: --dry-run trains nothing and writes no file, so it "
+                    "takes no %s; leave it out\n", opt);
         free(sets);
         return EXIT_USAGE;
     }
