@@ -15,7 +15,8 @@ devices, ranked by predicted throughput.
   - a replica count that splits the optimizer's state holds less of it a
     device: the ZeRO stage 1 accounting in the plan;
   - --gpu or --memory without --plan, and --plan with --simulate, are
-    refused (exit 2).
+    refused (exit 2); --top without --plan, --plan with --chunks, --plan
+    --gpu with --reps too (each was accepted and did nothing).
 
 Needs GPIPE_BINARY_DIR (set by CTest) and GPIPE_SOURCE_DIR.  Prints
 "test_plan: N passed, N failed" last.
@@ -263,7 +264,12 @@ def main():
                            (["--memory", "1GiB"], "give --plan N"),
                            (["--plan", "2", "--simulate"], "drop --simulate"),
                            (["--plan", "2", "--gpu", "a100"], "expected h100 or h200"),
-                           (["--plan", "2", "--pick", "2"], "give --plan N and --write")):
+                           (["--plan", "2", "--pick", "2"], "give --plan N and --write"),
+                           # (each accepted and did nothing)
+                           (["--top", "3"], "give --plan N too"),
+                           (["--plan", "2", "--chunks", "8"], "drop --simulate, --devices, "
+                            "--chunks"),
+                           (["--plan", "2", "--gpu", "h100", "--reps", "7"], "drop --reps")):
             rc, out = run("gpipe-balance", [cfg] + args, tmp)
             check(rc == 2 and want in out, "%s: exit %d: %s" % (args, rc, out[-300:]))
     finally:

@@ -33,6 +33,7 @@ static void usage(FILE *f)
           "  --devices N        balance for N devices, 1 to 64 (default: the config's\n"
           "                     devices; a different N means cpu:0 .. cpu:N-1)\n"
           "  --chunks M         micro-batches per mini-batch (pipeline.chunks), 1 to 1024\n"
+          "                     (not with --plan, which picks them)\n"
           "  --by time|size|both  time: balance profiled time (default); size: balance\n"
           "                     memory (parameters, optimizer state, activations; no\n"
           "                     timing, fast); both: time, and also show the size split\n"
@@ -77,7 +78,7 @@ static void usage(FILE *f)
           "  --profile-out F    save the profile as JSON\n"
           "  --profile-in F     use a saved profile instead of profiling\n"
           "  --reps R           timed runs per measurement, median taken (default 5;\n"
-          "                     at most 4096)\n"
+          "                     at most 4096; --plan --gpu times nothing)\n"
           "  --set KEY=VALUE    override a config value (as gpipe-train; repeatable)\n"
           "  -q, --quiet        print the balance and errors only (no progress notes\n"
           "                     or warnings)\n"
@@ -574,6 +575,7 @@ int main(int argc, char **argv)
     const char *config = NULL, *write_path = NULL, *prof_out = NULL, *prof_in = NULL;
     const char *sched_out = NULL;
     int devices = 0, chunks = 0, simulate = 0, reps = 5, plan = 0, top = 10, plan_pick = 0;
+    bool top_given = false, reps_given = false; /* (their defaults said nothing) */
     const char *gpu = NULL;
     double plan_memory = 0;
     gp_balance_by by = GP_BALANCE_BY_TIME;
@@ -644,9 +646,9 @@ int main(int argc, char **argv)
                 if (!strcmp(a, "--devices")) devices = (int)x;
                 else if (!strcmp(a, "--chunks")) chunks = (int)x;
                 else if (!strcmp(a, "--plan")) plan = (int)x;
-                else if (!strcmp(a, "--top")) top = (int)x;
+                else if (!strcmp(a, "--top")) top = (int)x, top_given = true;
                 else if (!strcmp(a, "--pick")) plan_pick = (int)x;
-                else reps = (int)x;
+                else reps = (int)x, reps_given = true;
             } else if (!strcmp(a, "--by")) {
                 if (!gp_balance_by_parse(v, &by)) {
                     fprintf(stderr, "gpipe-balance: --by '%s': expected time, size or both\n", v);
@@ -712,10 +714,23 @@ int main(int argc, char **argv)
         free(sets);
         return EXIT_USAGE;
     }
-    if (plan && (simulate || devices || prof_in || prof_out || sched_out || by != GP_BALANCE_BY_TIME)) {
-        fprintf(stderr, "gpipe-balance: --plan lays out its own devices, schedule and "
-                "profile: drop --simulate, --devices, --by, --profile-in/-out and "
+    if (top_given && !plan) { /* (it was accepted and did nothing) */
+        fprintf(stderr, "gpipe-balance: --top K lists a plan's best K layouts: give --plan N "
+                "too\n");
+        free(sets);
+        return EXIT_USAGE;
+    }
+    if (plan && (simulate || devices || chunks || prof_in || prof_out || sched_out ||
+                 by != GP_BALANCE_BY_TIME)) {
+        fprintf(stderr, "gpipe-balance: --plan lays out its own devices, micro-batches, schedule "
+                "and profile: drop --simulate, --devices, --chunks, --by, --profile-in/-out and "
                 "--write-schedule\n");
+        free(sets);
+        return EXIT_USAGE;
+    }
+    if (gpu && reps_given) {
+        fprintf(stderr, "gpipe-balance: --plan --gpu times nothing (the roofline's floor, from "
+                "the shapes): drop --reps\n");
         free(sets);
         return EXIT_USAGE;
     }
