@@ -218,9 +218,14 @@ def main():
         for extra in ([], ["--no-cache"]):
             rc, bad, err = sample(cfg, "--weights", nan_w, "--prompt", "cde", "--tokens", "5",
                                   "--temperature", "0", *extra)
-            check(rc > 0 and "not finite" in err and bad == "",
-                  "weights whose logits overflow %s: refused, nothing printed: rc %s %r %r"
+            check(rc == 4 and "not finite" in err and bad == "",
+                  "weights whose logits overflow %s: refused (exit 4, a failure while "
+                  "generating; it was 3, a file error), nothing printed: rc %s %r %r"
                   % (extra, rc, bad, err[-300:]))
+        # -q: errors only, as its --help says (a config's warning came through)
+        rc, _, err = sample(cfg, "--resume", snap, "--prompt", "cde", "--tokens", "2",
+                            "--temperature", "0", "--set", "pipeline.threads=64")
+        check(rc == 0 and "warning" not in err, "-q with a warning to give: rc %d %r" % (rc, err))
         rc, _, err = sample(cfg, "--resume", snap, "--prompt-ids", "97,300")
         check(rc == 2 and "[0, 256)" in err, "an id outside the vocabulary: %s" % err)
         rc, _, err = sample(cfg, "--resume", snap, "--prompt", "a", "--prompt-ids", "97")

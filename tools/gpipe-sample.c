@@ -387,12 +387,13 @@ typedef struct sampler {
 /* Sample q's logits for position pos, checked before a token is drawn
  * from them: a NaN or an infinity (weights that overflow, a diverged
  * run's snapshot) has no largest value, and drawing from it printed one
- * token over and over with exit 0 (issue 77). */
+ * token over and over with exit 0 (issue 77).  A failure while
+ * generating (exit 4), as gpipe-train's NaN loss is, not a file error. */
 static gp_status logits_finite(const float *l, int64_t V, int64_t q, int64_t pos)
 {
     for (int64_t v = 0; v < V; v++)
         if (!isfinite(l[v]))
-            return gp_error_set(GP_ERR_DATA, "the logits of sample %lld at position %lld are not "
+            return gp_error_set(GP_ERR_NUMERIC, "the logits of sample %lld at position %lld are not "
                                 "finite (token %lld's is %g): the model's output overflows or is "
                                 "NaN with these weights; check them (a run that diverged, or "
                                 "weights of another scale), nothing was sampled from them",
@@ -472,7 +473,7 @@ static int run_sampler(const sample_opts *o)
         snprintf(init, sizeof init, "model.init_from=%s", o->weights);
         sets[n++] = init;
     }
-    if (o->quiet) gp_set_log_level("warn");
+    if (o->quiet) gp_set_log_level("error"); /* (--help: only errors, as the other tools) */
     sampler s = {0};
     gp_status st = gp_run_load_resume(o->config, sets, n, o->resume, &s.run);
     /* sampling holds the weights alone: no gradients, no optimizer state,
