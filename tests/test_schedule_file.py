@@ -151,6 +151,16 @@ def main():
             check(compute == rows(os.path.join(DATA, "dualpipev_n2_m%d.csv" % m)),
                   "gpipe's dualpipe-v, m = %d, is PyTorch's DualPipeV: %r %s"
                   % (m, compute, out[-300:]))
+        # gpipe-balance's table for a V: each stage's column is its share of
+        # the device, and the devices' own peaks and memory follow (the
+        # share was printed as "capacity", a split that fits shown over it)
+        rc, out = gpipe(tmp, [CFG, "--by", "size"], [devices(2), "pipeline.chunks=4",
+                                                     "pipeline.schedule=zb-v",
+                                                     "pipeline.memory=1GiB"], "gpipe-balance")
+        check(rc == 0 and "share of dev" in out and "512.0 MiB" in out and
+              re.search(r"each device's peak, its 2 stages together: device 0 [\d.]+ \w*B of "
+                        r"1\.0 GiB, device 1 [\d.]+ \w*B of 1\.0 GiB", out),
+              "gpipe-balance --by size of a V: %s" % out[-600:])
         # the simulator runs a file's schedule too: the run's last words
         path = os.path.join(DATA, "zbv_n2_m4.csv")
         r = subprocess.run([os.path.join(BINDIR, "gpipe-train"), CFG] + sum(

@@ -459,8 +459,12 @@ static void print_balance(const char *title, const gp_profile *p, const gp_plan_
     for (int j = 0; j < n; j++) printf("%s%d", j ? ", " : "", balance[j]);
     printf("]\n");
     bool size = po->by == GP_BALANCE_BY_SIZE || !p->timed;
+    /* several stages a device: a stage's column is its share of the device
+     * (1 / v), and the device's own peak and memory follow the table (the
+     * share read as "capacity" showed a split that fits as over it) */
+    int v = po->virtual_stages > 1 ? po->virtual_stages : 1;
     printf("  %5s %8s %12s %12s %12s\n", "stage", "layers", size ? "cost" : "cost ms", "peak mem",
-           "capacity");
+           v > 1 ? "share of dev" : "capacity");
     double mx = 0, sum = 0;
     int first = 0;
     for (int j = 0; j < n; j++) {
@@ -474,6 +478,19 @@ static void print_balance(const char *title, const gp_profile *p, const gp_plan_
         first += balance[j];
     }
     printf("  imbalance (max / mean stage cost): %.3f\n", sum > 0 ? mx / (sum / n) : 1.0);
+    double dpeak[GP_MAX_DEVICES];
+    if (v > 1 && gp_simulate_memory(p, po->sim_kind, n / v, v, NULL, balance, po->m,
+                                    po->checkpoint, dpeak, NULL) == GP_OK) {
+        printf("  each device's peak, its %d stages together:", v);
+        for (int d = 0; d < n / v; d++) {
+            char b1[32], b2[32]; /* (stage d is on device d, in loops and in a V) */
+            printf("%s device %d %s of %s", d ? "," : "", d, mb(dpeak[d], b1, sizeof b1),
+                   po->capacity[d] > 0 ? mb(po->capacity[d] * v, b2, sizeof b2) : "unlimited");
+        }
+        printf("\n");
+    } else if (v > 1) {
+        gp_error_clear();
+    }
 }
 
 /* --plan N: every layout of N devices, ranked (gp_plan_layouts); the best

@@ -188,8 +188,9 @@ gp_status gp_partition_solve(const gp_partition_problem *pb, int *balance, doubl
             name_of(pb, first + bal[j] - 1, nb2, sizeof nb2);
             return gp_error_set(GP_ERR_OOM,
                                 "no split of %d layers into %d stages fits device memory: the "
-                                "closest one still needs %s on stage %d (%s .. %s) whose device "
-                                "holds %s: over by %s; raise pipeline.memory, add devices, or "
+                                "closest one still needs %s on stage %d (%s .. %s), which may hold "
+                                "%s (its device's memory, or its share where stages share a "
+                                "device): over by %s; raise pipeline.memory, add devices, or "
                                 "checkpoint", L, n, gp_format_bytes((size_t)need, b1, sizeof b1),
                                 j, nb, nb2, gp_format_bytes((size_t)cap, b2, sizeof b2),
                                 gp_format_bytes((size_t)(need - cap), b3, sizeof b3));
