@@ -87,6 +87,34 @@ def rows(path):
     return out
 
 
+def send_waits_bad(path):
+    """What PyTorch's compute_comms reader (_validate_send_waits, 2.15) would
+    refuse in a written file, and where _add_wait_send puts each wait: every
+    SEND has one WAIT_SEND after it on its row, a forward's right after the
+    row's backward (I or B) of its stage and micro-batch where there is one.
+    Without the waits PyTorch 2.15 loaded none of gpipe's files."""
+    bad = []
+    for r, row in enumerate(rows(path)):
+        pending = []
+        for k, a in enumerate(row):
+            m = re.fullmatch(r"(\d+)(SEND_F|SEND_B|WAIT_SEND_F|WAIT_SEND_B|I|B)(\d+)", a)
+            if not m:
+                continue
+            j, kind, i = int(m.group(1)), m.group(2), int(m.group(3))
+            if kind.startswith("SEND"):
+                pending.append((kind, j, i))
+            elif kind.startswith("WAIT"):
+                key = (kind[5:], j, i)
+                if key not in pending:
+                    bad.append("row %d: %s waits for no send" % (r, a))
+                else:
+                    pending.remove(key)
+            elif ("SEND_F", j, i) in pending and row[k + 1:k + 2] != ["%dWAIT_SEND_F%d" % (j, i)]:
+                bad.append("row %d: %s not followed by the wait of its forward's send" % (r, a))
+        bad += ["row %d: %s%s%d has no wait" % (r, j, kind, i) for kind, j, i in pending]
+    return bad
+
+
 def devices(n):
     return "pipeline.devices=[" + ", ".join("cpu:%d" % d for d in range(n)) + "]"
 
@@ -135,6 +163,8 @@ def main():
             compute = [[a for a in r if re.fullmatch(r"\d+[FIWB]\d+", a)] for r in rows(mine)]
             check(compute == rows(os.path.join(DATA, "zbv_n2_m8.csv")),
                   "gpipe's zb-v is PyTorch's ZB-V, rank by rank: %r" % compute)
+            check(not send_waits_bad(mine), "zb-v's file, as PyTorch's compute_comms reader "
+                  "takes it: %s" % send_waits_bad(mine)[:3])
             a = train(tmp, "builtin", [devices(2), "pipeline.chunks=8", "pipeline.schedule=zb-v"])
             b = train(tmp, "written", [devices(2), "pipeline.chunks=8",
                                        "pipeline.schedule={file: %s}" % mine])
@@ -151,6 +181,9 @@ def main():
             check(compute == rows(os.path.join(DATA, "dualpipev_n2_m%d.csv" % m)),
                   "gpipe's dualpipe-v, m = %d, is PyTorch's DualPipeV: %r %s"
                   % (m, compute, out[-300:]))
+            check(rc == 0 and not send_waits_bad(mine), "dualpipe-v's file, as PyTorch's "
+                  "compute_comms reader takes it: %s" % (send_waits_bad(mine)[:3] if rc == 0
+                                                         else out[-300:]))
         # gpipe-balance's table for a V: each stage's column is its share of
         # the device, and the devices' own peaks and memory follow (the
         # share was printed as "capacity", a split that fits shown over it)

@@ -605,13 +605,42 @@ static void put(FILE *fp, bool *first, int j, const char *kind, int i)
     *first = false;
 }
 
+/* A send whose wait is still to be written: forward (SEND_F) or not. */
+typedef struct {
+    bool fwd;
+    int j, i;
+} send_wait;
+
+/* The wait of each send, where PyTorch's _add_wait_send puts it (its
+ * compute_comms reader refuses a send without one): a forward's send after
+ * the rank's backward of the same stage and micro-batch, the others at the
+ * row's end, in the order sent. */
+static void put_wait(FILE *fp, bool *first, send_wait *w, int *n, bool fwd, int j, int i)
+{
+    for (int q = 0; q < *n; q++)
+        if (w[q].fwd == fwd && w[q].j == j && w[q].i == i) {
+            put(fp, first, j, fwd ? "WAIT_SEND_F" : "WAIT_SEND_B", i);
+            memmove(w + q, w + q + 1, (size_t)(*n - q - 1) * sizeof *w);
+            (*n)--;
+            return;
+        }
+}
+
 gp_status gp_schedule_write_csv(const gp_schedule *s, const char *path)
 {
     gp_atomic_file a;
     GP_TRY(gp_atomic_open(path, &a));
     FILE *fp = a.f;
+    int most = 1;
+    for (int d = 0; d < s->n; d++) most = s->count[d] > most ? s->count[d] : most;
+    send_wait *w = malloc((size_t)most * sizeof *w);
+    if (!w) {
+        gp_atomic_abort(&a);
+        return gp_error_set(GP_ERR_OOM, "out of host memory writing the schedule");
+    }
     for (int d = 0; d < s->n; d++) {
         bool first = true;
+        int nw = 0;
         for (int c = 0; c < s->count[d]; c++) {
             const gp_instr *in = &s->list[d][c];
             int i = in->i, j = in->j;
@@ -626,19 +655,28 @@ gp_status gp_schedule_write_csv(const gp_schedule *s, const char *path)
                 break;
             case GP_INSTR_FORWARD:
                 put(fp, &first, j, "F", i);
-                if (other_next) put(fp, &first, j, "SEND_F", i);
+                if (other_next) {
+                    put(fp, &first, j, "SEND_F", i);
+                    w[nw++] = (send_wait){true, j, i};
+                }
                 break;
             case GP_INSTR_BACKWARD:
             case GP_INSTR_BACKWARD_DATA:
                 put(fp, &first, j, in->kind == GP_INSTR_BACKWARD ? "B" : "I", i);
-                if (other_prev) put(fp, &first, j, "SEND_B", i);
+                put_wait(fp, &first, w, &nw, true, j, i);
+                if (other_prev) {
+                    put(fp, &first, j, "SEND_B", i);
+                    w[nw++] = (send_wait){false, j, i};
+                }
                 break;
             case GP_INSTR_BACKWARD_WEIGHTS: put(fp, &first, j, "W", i); break;
             default: break; /* recomputes, skips' copies, the end of the step: gpipe's own */
             }
         }
+        while (nw > 0) put_wait(fp, &first, w, &nw, w[0].fwd, w[0].j, w[0].i);
         fputc('\n', fp);
     }
+    free(w);
     gp_status st = gp_atomic_commit(&a, ferror(fp) ? (errno ? errno : EIO) : 0);
     if (st != GP_OK) gp_error_wrap(st, "writing the schedule");
     return st;
