@@ -5,14 +5,16 @@ action CSV, and gpipe-balance --write-schedule writes one.
 
   - PyTorch's own schedules (tests/data/schedules, written by PyTorch 2.15's
     schedule code with make_torch_csv.py: ZB-V on 2 and 4 ranks, interleaved
-    1F1B, interleaved zero bubble and DualPipeV on 2, compute-only and with its sends
-    and receives) run configs/tiny-gpt.yaml and give the one-device run's
-    losses and weight bytes (the one device adds micro-batches in order, as
-    every one of these does);
+    1F1B, interleaved zero bubble and DualPipeV on 2, compute-only, with its sends
+    and receives, and three as PyTorch's runtime dumps them (its waits,
+    UNSHARD / RESHARD and REDUCE_GRAD among them)) run configs/tiny-gpt.yaml
+    and give the one-device run's losses and weight bytes (the one device
+    adds micro-batches in order, as every one of these does);
   - gpipe's own zb-v and dualpipe-v, written by --write-schedule, have
     PyTorch's ZB-V and DualPipeV computations in PyTorch's order on every
-    rank (DualPipe's overlapped pairs one after the other), and zb-v's runs
-    to the same bits as pipeline.schedule: zb-v;
+    rank (DualPipe's overlapped pairs one after the other), each send's wait
+    where PyTorch's compute_comms reader needs it, and zb-v's runs to the
+    same bits as pipeline.schedule: zb-v;
   - bad files are refused before anything runs, each naming the file, the
     rank and its line (and the column and action where there is one): a
     missing receive, a forward twice, a W before its I, a deadlock (the
@@ -131,7 +133,10 @@ def main():
         for stem in ("zbv_n2_m4", "zbv_n2_m8", "zbv_n4_m8", "interleaved_n2_m4",
                      "interleaved_zb_n2_m4", "dualpipev_n2_m4", "dualpipev_n2_m8"):
             n, m = (int(x) for x in re.search(r"_n(\d+)_m(\d+)", stem).groups())
-            for suffix in ("", "_comms"):
+            # (_runtime: as PyTorch 2.15's runtime writes a user's dump, its
+            # waits, UNSHARD / RESHARD and REDUCE_GRAD among the actions)
+            runtime = stem in ("zbv_n2_m4", "interleaved_n2_m4", "dualpipev_n2_m4")
+            for suffix in ("", "_comms") + (("_runtime",) if runtime else ()):
                 path = os.path.join(DATA, stem + suffix + ".csv")
                 got, w, out = train(tmp, stem + suffix, [devices(n), "pipeline.chunks=%d" % m,
                                                          "pipeline.schedule={file: %s}" % path])
