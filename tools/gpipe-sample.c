@@ -393,10 +393,10 @@ static gp_status logits_finite(const float *l, int64_t V, int64_t q, int64_t pos
 {
     for (int64_t v = 0; v < V; v++)
         if (!isfinite(l[v]))
-            return gp_error_set(GP_ERR_NUMERIC, "the logits of sample %lld at position %lld are not "
-                                "finite (token %lld's is %g): the model's output overflows or is "
-                                "NaN with these weights; check them (a run that diverged, or "
-                                "weights of another scale), nothing was sampled from them",
+            return gp_error_set(GP_ERR_NUMERIC, "the logits of sample %lld at position %lld are "
+                                "not finite (token %lld's is %g): the model's output overflows "
+                                "or is NaN with these weights; check them (a run that diverged, "
+                                "or weights of another scale), nothing was sampled from them",
                                 (long long)q, (long long)pos, (long long)v, (double)l[v]);
     return GP_OK;
 }
