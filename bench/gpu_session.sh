@@ -8,7 +8,9 @@
 #   here, once:   ../shared/gpu/prepare.sh; fetch github:karpathy/llm.c and
 #                 github:NVIDIA/cudnn-frontend; bash bench/prepare_peers.sh
 #   there, with carry: [".device"], timeout_s 600:
-#     COMMIT=<short hash here> bash .device/build.sh && . /tmp/gpu-env && bash bench/gpu_session.sh first
+#     export COMMIT=<short hash here> && bash .device/build.sh && . /tmp/gpu-env &&
+#     bash bench/gpu_session.sh first
+#   (export: a COMMIT= before build.sh alone reached no later command)
 #
 # first:  in priority order, each part only while enough of BUDGET seconds
 #         (default 420, counted from the part's start, so after the build)
@@ -55,9 +57,9 @@
 #         configs/default.yaml, 3 epochs, fp32 / bf16 / fp32 with
 #         train.deterministic as the yardstick).
 # The device tool's copy of the tree reported the session's first commit
-# on 2026-11-24, not the one it ran: put COMMIT=$(git rev-parse --short
-# HEAD), taken here, in front of the command there, and the scripts print
-# that instead.
+# on 2026-11-24, not the one it ran: export COMMIT=$(git rev-parse --short
+# HEAD), taken here, at the head of the command there (as above), and the
+# scripts print that instead.
 # Logs go to $OUT (what the device tool brings back) or /tmp/gpu-session;
 # the last lines of each part are a summary to paste into bench/README.md
 # with the commit.  BIN=build DEV=cpu:0 SCALE=32 STEPS=4 bash
@@ -77,7 +79,10 @@ since() { echo $((SECONDS - $1)); }
 gpu_tests() {
   (cd "$BIN" && ctest -L gpu --output-on-failure) > "$OUT/ctest-gpu.log" 2>&1
   echo "ctest -L gpu: exit $?"; grep -E "tests passed|Failed|Skipped|\*\*\*" "$OUT/ctest-gpu.log" | tail -5
-  grep -E "^test_cuda: [0-9]+ passed" "$OUT/ctest-gpu.log" || grep -E "passed, [0-9]+ failed" "$OUT/ctest-gpu.log" | tail -2
+  # (the tests' own counts: --output-on-failure shows a passing test's
+  # output nowhere but ctest's own log)
+  grep -hE "^test_cuda(_graphs)?: [0-9]+ passed" "$BIN/Testing/Temporary/LastTest.log" ||
+    grep -E "passed, [0-9]+ failed" "$OUT/ctest-gpu.log" | tail -2
 }
 memcheck() { # seconds
   local cs
