@@ -8,9 +8,10 @@
 #   here, once:   ../shared/gpu/prepare.sh; fetch github:karpathy/llm.c and
 #                 github:NVIDIA/cudnn-frontend; bash bench/prepare_peers.sh
 #   there, with carry: [".device"], timeout_s 600:
-#     export COMMIT=<short hash here> && bash .device/build.sh && . /tmp/gpu-env &&
-#     bash bench/gpu_session.sh first
-#   (export: a COMMIT= before build.sh alone reached no later command)
+#     bash .device/build.sh && . /tmp/gpu-env &&
+#     COMMIT=<short hash here> bash bench/gpu_session.sh first
+#   (COMMIT before this script: before build.sh, which does not read it,
+#   it reached no later command)
 #
 # first:  in priority order, each part only while enough of BUDGET seconds
 #         (default 420, counted from the part's start, so after the build)
@@ -57,8 +58,8 @@
 #         configs/default.yaml, 3 epochs, fp32 / bf16 / fp32 with
 #         train.deterministic as the yardstick).
 # The device tool's copy of the tree reported the session's first commit
-# on 2026-11-24, not the one it ran: export COMMIT=$(git rev-parse --short
-# HEAD), taken here, at the head of the command there (as above), and the
+# on 2026-11-24, not the one it ran: put COMMIT=$(git rev-parse --short
+# HEAD), taken here, in front of this script there (as above), and the
 # scripts print that instead.
 # Logs go to $OUT (what the device tool brings back) or /tmp/gpu-session;
 # the last lines of each part are a summary to paste into bench/README.md
