@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 bool gp_ckpt_checkpointed(gp_checkpoint_mode mode, bool backward_next)
 {
@@ -399,7 +400,26 @@ static gp_status add_stash_grad(gp_layer *l, gp_stash *s, int c, gp_tensor *g)
     if (!gp_tensor_mem(sg))
         return gp_error_set(GP_ERR_RUNTIME, "no gradient arrived for the skip '%s' it stashes",
                             s->skips->skips[t].name);
-    gp_status st = gp_layers_accumulate(l->dev, g, sg);
+    gp_status st;
+    if (!g->owned && gp_tensor_mem(g) != gp_tensor_mem(sg) && sg->owned) {
+        /* g views another skip's gradient (an add's input and pop share
+         * one memory: gp_layer_backward_take's views), which that skip's
+         * stash reads later: added into g, the sum went there too, and the
+         * layers before that stash got this skip's gradient twice.  The
+         * sum goes into sg, and g takes sg over in its own shape (the same
+         * bits: the addition commutes). */
+        st = gp_layers_accumulate(l->dev, sg, g);
+        if (st == GP_OK) {
+            gp_tensor v = *g;
+            *g = *sg;
+            g->ndim = v.ndim;
+            memcpy(g->dims, v.dims, sizeof g->dims);
+            *sg = (gp_tensor){0};
+        }
+        gp_tensor_free(sg);
+        return st;
+    }
+    st = gp_layers_accumulate(l->dev, g, sg);
     if (st == GP_OK && gp_tensor_mem(g) == gp_tensor_mem(sg) && !g->owned) {
         /* g views the pop's gradient (an add of a tensor to itself,
          * gp_layer_backward_take's views): g takes the memory over */
