@@ -493,6 +493,37 @@ static double model_loss(gp_model *m, const float *x, const float *y, int64_t b,
     return model_run(m, x, y, b, grads ? 1 : 0, NULL);
 }
 
+/* Layer k's first parameter, every `stride`-th of its first `limit`
+ * values, against central finite differences of the summed loss
+ * (model_loss, in double); the values off are printed (4 a parameter at
+ * most) and counted, *total counts those checked. */
+static int fd_param(gp_model *m, int k, const float *x, const float *y, int64_t b, int64_t limit,
+                    int stride, int *total)
+{
+    gp_layer *l = &m->layers[k];
+    gp_tensor *w = &l->params[0].value;
+    float *g = gpt_download(&l->params[0].grad), *h = gpt_download(w);
+    int bad = 0;
+    for (int64_t i = 0; i < gp_tensor_numel(w) && i < limit; i += stride) {
+        const float eps = 1e-3f; /* small: relu and max-pool kinks */
+        float o = h[i], v = o + eps;
+        CHECK_OK(gp_dev_upload(m->dev, gp_f32(w) + i, &v, 1));
+        double lp = model_loss(m, x, y, b, false);
+        v = o - eps;
+        CHECK_OK(gp_dev_upload(m->dev, gp_f32(w) + i, &v, 1));
+        double lm = model_loss(m, x, y, b, false);
+        CHECK_OK(gp_dev_upload(m->dev, gp_f32(w) + i, &o, 1));
+        double num = (lp - lm) / ((double)(float)(o + eps) - (double)(float)(o - eps));
+        (*total)++;
+        if (fabs(g[i] - num) > 2e-3 + 2e-2 * fabs(num) && bad++ < 4)
+            fprintf(stderr, "  layer %d %s[%lld]: analytic %.6g, numeric %.6g\n", k,
+                    l->params[0].name, (long long)i, (double)g[i], num);
+    }
+    free(g);
+    free(h);
+    return bad;
+}
+
 static void model_gradients(void)
 {
     gp_config c = make_cfg();
@@ -507,30 +538,7 @@ static void model_gradients(void)
      * layer 8's projection is skip c's */
     static const int probe[] = {0, 3, 8};
     int bad = 0, total = 0;
-    for (int q = 0; q < 3; q++) {
-        gp_layer *l = &m.layers[probe[q]];
-        gp_tensor *w = &l->params[0].value;
-        float *g = gpt_download(&l->params[0].grad), *h = gpt_download(w);
-        for (int64_t i = 0; i < gp_tensor_numel(w) && i < 12; i++) {
-            const float eps = 1e-3f; /* small: relu and max-pool kinks */
-            float o = h[i], v = o + eps;
-            CHECK_OK(gp_dev_upload(m.dev, gp_f32(w) + i, &v, 1));
-            double lp = model_loss(&m, x, y, B, false);
-            v = o - eps;
-            CHECK_OK(gp_dev_upload(m.dev, gp_f32(w) + i, &v, 1));
-            double lm = model_loss(&m, x, y, B, false);
-            CHECK_OK(gp_dev_upload(m.dev, gp_f32(w) + i, &o, 1));
-            double num = (lp - lm) / ((double)(float)(o + eps) - (double)(float)(o - eps));
-            total++;
-            if (fabs(g[i] - num) > 2e-3 + 2e-2 * fabs(num)) {
-                bad++;
-                fprintf(stderr, "  layer %d %s[%lld]: analytic %.6g, numeric %.6g\n", probe[q],
-                        l->params[0].name, (long long)i, (double)g[i], num);
-            }
-        }
-        free(g);
-        free(h);
-    }
+    for (int q = 0; q < 3; q++) bad += fd_param(&m, probe[q], x, y, B, 12, 1, &total);
     CHECK_MSG(bad == 0, "%d of %d model gradients off the finite differences", bad, total);
     gp_model_free(&m);
 }
@@ -571,30 +579,7 @@ static void overlapping_skips(void)
         CHECK_OK(gp_model_build(&c, devs[0], &m));
         model_run(&m, x, y, B, backward, NULL);
         int bad = 0, total = 0;
-        for (int k = 0; k < 2; k++) {
-            gp_layer *l = &m.layers[k];
-            gp_tensor *w = &l->params[0].value;
-            float *g = gpt_download(&l->params[0].grad), *h = gpt_download(w);
-            for (int64_t i = 0; i < gp_tensor_numel(w); i += 7) {
-                const float eps = 1e-3f;
-                float o = h[i], v = o + eps;
-                CHECK_OK(gp_dev_upload(m.dev, gp_f32(w) + i, &v, 1));
-                double lp = model_loss(&m, x, y, B, false);
-                v = o - eps;
-                CHECK_OK(gp_dev_upload(m.dev, gp_f32(w) + i, &v, 1));
-                double lm = model_loss(&m, x, y, B, false);
-                CHECK_OK(gp_dev_upload(m.dev, gp_f32(w) + i, &o, 1));
-                double num = (lp - lm) / ((double)(float)(o + eps) - (double)(float)(o - eps));
-                total++;
-                if (fabs(g[i] - num) > 2e-3 + 2e-2 * fabs(num)) {
-                    if (bad++ < 4)
-                        fprintf(stderr, "  layer %d weight[%lld]: analytic %.6g, numeric %.6g\n",
-                                k, (long long)i, (double)g[i], num);
-                }
-            }
-            free(g);
-            free(h);
-        }
+        for (int k = 0; k < 2; k++) bad += fd_param(&m, k, x, y, B, INT64_MAX, 7, &total);
         CHECK_MSG(bad == 0, "overlapping skips, %s backward: %d of %d gradients off the finite "
                   "differences", backward == 1 ? "whole" : "split", bad, total);
         gp_model_free(&m);
