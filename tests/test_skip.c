@@ -543,30 +543,16 @@ static void model_gradients(void)
     gp_model_free(&m);
 }
 
-/* Two skips that overlap, the second stashed by the layer just before the
- * first's pop (conv a, conv d, add pop a, relu, add pop d): the add hands
- * its input and the pop one memory (gp_layer_backward_take's views), and
- * the conv before it adds skip d's gradient into its own.  That addition
- * went through the view into skip a's gradient too, and layer 0's weights
- * got skip d's gradient a second time: off by 0.009 after a step on one
- * device, where a pipeline that cut between the stashes was right.  Every
- * weight of both convolutions against finite differences (double sums of
- * the summed loss), whole and split into its two halves. */
-static void overlapping_skips(void)
+/* Layers [0, n) of sp (input 2 x 8 x 8, 5 classes) on one device: every
+ * `stride`-th weight of the first parameter of each layer in probe[]
+ * against finite differences, after the whole backward and after the split
+ * one (backward-data, then backward-weights). */
+static void fd_layout(const char *what, gp_layer_spec *sp, int n, const int *probe, int np,
+                      int stride)
 {
-    static gp_layer_spec sp[GPT_MAX_SPECS];
-    gp_config c = gpt_model_cfg(sp, true, false, BATCH); /* (its layers replaced) */
-    int n = 0;
-    sp[n] = named(GP_LAYER_CONV2D, 1, "a", NULL);
-    sp[n].out = 4; sp[n].kernel = gp_hw_square(3); sp[n++].padding = gp_hw_square(1);
-    sp[n] = named(GP_LAYER_CONV2D, 2, "d", NULL);
-    sp[n].out = 4; sp[n].kernel = gp_hw_square(3); sp[n++].padding = gp_hw_square(1);
-    sp[n++] = named(GP_LAYER_ADD, 3, NULL, "a");
-    sp[n++] = named(GP_LAYER_RELU, 4, NULL, NULL);
-    sp[n++] = named(GP_LAYER_ADD, 5, NULL, "d");
-    sp[n++] = named(GP_LAYER_FLATTEN, 6, NULL, NULL);
-    sp[n] = named(GP_LAYER_LINEAR, 7, NULL, NULL);
-    sp[n++].out = 5;
+    static gp_layer_spec scratch[GPT_MAX_SPECS];
+    gp_config c = gpt_model_cfg(scratch, true, false, BATCH);
+    c.model.layers = sp; /* (its layers are sp's) */
     c.model.n_layers = n;
     c.model.input[0] = 2;
     c.model.input[1] = 8;
@@ -579,11 +565,51 @@ static void overlapping_skips(void)
         CHECK_OK(gp_model_build(&c, devs[0], &m));
         model_run(&m, x, y, B, backward, NULL);
         int bad = 0, total = 0;
-        for (int k = 0; k < 2; k++) bad += fd_param(&m, k, x, y, B, INT64_MAX, 7, &total);
-        CHECK_MSG(bad == 0, "overlapping skips, %s backward: %d of %d gradients off the finite "
-                  "differences", backward == 1 ? "whole" : "split", bad, total);
+        for (int q = 0; q < np; q++) bad += fd_param(&m, probe[q], x, y, B, INT64_MAX, stride,
+                                                     &total);
+        CHECK_MSG(bad == 0, "%s, %s backward: %d of %d gradients off the finite differences",
+                  what, backward == 1 ? "whole" : "split", bad, total);
         gp_model_free(&m);
     }
+}
+
+/* Two skips that overlap, the second stashed by the layer just before the
+ * first's pop (conv a, conv d, add pop a, relu, add pop d): the add hands
+ * its input and the pop one memory (gp_layer_backward_take's views), and
+ * the conv before it adds skip d's gradient into its own.  That addition
+ * went through the view into skip a's gradient too, and layer 0's weights
+ * got skip d's gradient a second time: off by 0.009 after a step on one
+ * device, where a pipeline that cut between the stashes was right.  And a
+ * layer norm between a stash and its pop (x + LN(x): linear t, layer_norm,
+ * add pop t): the norm's backward added its dx into the pop's gradient,
+ * which the add had made the norm's own dy, and its weights half read the
+ * sum (80x off).  Every weight of the convolutions, and of the norm,
+ * against finite differences. */
+static void overlapping_skips(void)
+{
+    static gp_layer_spec sp[GPT_MAX_SPECS];
+    int n = 0;
+    sp[n] = named(GP_LAYER_CONV2D, 1, "a", NULL);
+    sp[n].out = 4; sp[n].kernel = gp_hw_square(3); sp[n++].padding = gp_hw_square(1);
+    sp[n] = named(GP_LAYER_CONV2D, 2, "d", NULL);
+    sp[n].out = 4; sp[n].kernel = gp_hw_square(3); sp[n++].padding = gp_hw_square(1);
+    sp[n++] = named(GP_LAYER_ADD, 3, NULL, "a");
+    sp[n++] = named(GP_LAYER_RELU, 4, NULL, NULL);
+    sp[n++] = named(GP_LAYER_ADD, 5, NULL, "d");
+    sp[n++] = named(GP_LAYER_FLATTEN, 6, NULL, NULL);
+    sp[n] = named(GP_LAYER_LINEAR, 7, NULL, NULL);
+    sp[n++].out = 5;
+    fd_layout("overlapping skips", sp, n, (const int[]){0, 1}, 2, 7);
+    static gp_layer_spec ln[GPT_MAX_SPECS];
+    n = 0;
+    ln[n++] = named(GP_LAYER_FLATTEN, 1, NULL, NULL);
+    ln[n] = named(GP_LAYER_LINEAR, 2, "t", NULL);
+    ln[n++].out = 6;
+    ln[n++] = named(GP_LAYER_LAYER_NORM, 3, NULL, NULL);
+    ln[n++] = named(GP_LAYER_ADD, 4, NULL, "t");
+    ln[n] = named(GP_LAYER_LINEAR, 5, NULL, NULL);
+    ln[n++].out = 5;
+    fd_layout("a layer norm between a stash and its pop", ln, n, (const int[]){1, 2}, 2, 1);
 }
 
 /* ---- gradients handed on without a copy ---------------------------------------------- */

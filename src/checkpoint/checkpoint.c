@@ -433,14 +433,18 @@ static gp_status add_stash_grad(gp_layer *l, gp_stash *s, int c, gp_tensor *g)
 /* The gradient that layer c's backward may add its dx into (ctx.dx_into):
  * the one that layer c - 1's stash got from its pop, when c reads c - 1's
  * output alone and its backward adds (gp_layer_dx_adds; a residual add's
- * sum and the layer norm after it).  NULL: none. */
-static gp_tensor *fold_target(gp_layer *layers, gp_stash *s, int c)
+ * sum and the layer norm after it).  Not where that gradient is c's own
+ * incoming one, g (the pop's add right after c handed its input and pop
+ * one memory, gp_layer_backward_take's views: x + LN(x)): a layer norm's
+ * data half adds into it in place, and its weights half then read the
+ * input's gradient as its dy (weights 80x off).  NULL: none. */
+static gp_tensor *fold_target(gp_layer *layers, gp_stash *s, int c, const gp_tensor *g)
 {
     int t = c >= 1 ? stash_of(s, c - 1) : -1;
     if (t < 0 || layers[c].n_in != 1 || pop_of(s, c, 0) >= 0) return NULL;
     gp_tensor *sg = gp_stash_skip_role(s, t) == GP_SKIP_INSIDE ? &s->skip_din[t]
                                                                 : &s->skip_dout[t];
-    if (!gp_tensor_mem(sg) || !sg->owned) return NULL;
+    if (!gp_tensor_mem(sg) || !sg->owned || gp_tensor_mem(sg) == gp_tensor_mem(g)) return NULL;
     return gp_layer_dx_adds(&layers[c], &s->acts[c], sg) ? sg : NULL;
 }
 
@@ -494,7 +498,7 @@ gp_status gp_ckpt_backward(gp_layer *layers, const gp_fwd_ctx *ctx, gp_stash *s,
     for (int c = s->count - 1; c >= 0; c--) {
         gp_tensor d = {0};
         if (c >= ft) {
-            gp_tensor *into = c > ft ? fold_target(layers, s, c) : NULL;
+            gp_tensor *into = c > ft ? fold_target(layers, s, c, &g) : NULL;
             bool gelu_before = c - 1 > ft && !into && s->acts[c - 1].dtype == g.dtype &&
                                gp_layers_gelu_linear(layers, s->count, c - 1, &s->acts[c - 1]);
             if (folded != c) st = add_stash_grad(&layers[c], s, c, &g);
