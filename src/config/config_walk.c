@@ -445,10 +445,44 @@ static gp_status unknown_key(const gp_cfg_walk *w, const gp_ynode *key, const ch
     return gp_cfg_bad(w, key, "unknown key '%.80s' %s%s", k, where, hint);
 }
 
+/* A key written as a path ("optimizer.lr: 0.5" under train, Hydra's
+ * habit): YAML reads it as one name, which no getter asks for, so it would
+ * be ignored; refused with the nested form (or the --set) to write instead. */
+static gp_status dotted_key(const gp_cfg_walk *w, const gp_ynode *key, const char *sect)
+{
+    const char *k = key->text;
+    char nested[200];
+    size_t used = 0;
+    int depth = 0;
+    bool index = false; /* a part that is a list index: only --set says that */
+    for (const char *p = k; *p && used + 8 < sizeof nested; p++) {
+        if (*p == '.') {
+            used += (size_t)snprintf(nested + used, sizeof nested - used, ": {");
+            depth++;
+            index = index || (p[1] >= '0' && p[1] <= '9');
+        } else {
+            nested[used++] = *p;
+        }
+    }
+    nested[used] = '\0';
+    size_t tail = strlen(nested);
+    snprintf(nested + tail, sizeof nested - tail, ": ...%.*s", depth, "}}}}}}}}}}}}}}}}");
+    const char *where = sect[0] ? "in " : "at the top level", *dot = sect[0] ? "." : "";
+    if (index)
+        return gp_cfg_bad(w, key, "key '%.80s' %s%s is a path, which YAML reads as one name "
+                          "that nothing reads; a list item's key is set on the command line: "
+                          "--set %s%s%.80s=...", k, where, sect, sect, dot, k);
+    return gp_cfg_bad(w, key, "key '%.80s' %s%s is a path, which YAML reads as one name that "
+                      "nothing reads; write it nested, %.120s, or on the command line --set "
+                      "%s%s%.80s=...", k, where, sect, nested, sect, dot, k);
+}
+
 gp_status gp_cfg_check_keys(const gp_cfg_walk *w, const gp_ynode *m, const char *sect)
 {
     if (!m || m->kind != GP_YNODE_MAP) return GP_OK;
     for (int i = 0; i < m->n; i++) {
+        if (m->keys[i]->text && strchr(m->keys[i]->text, '.'))
+            return dotted_key(w, m->keys[i], sect);
         char path[256];
         gp_cfg_join(path, sizeof path, sect, m->keys[i]->text);
         if (!in_schema(path)) return unknown_key(w, m->keys[i], sect);
