@@ -275,6 +275,14 @@ gp_status gp_decoder_feed(gp_decoder *d, const float *ids, int64_t n, int all, f
     gp_tensor *pend = calloc((size_t)(m->skips.n ? m->skips.n : 1), sizeof *pend);
     if (!pend) s = gp_error_set(GP_ERR_OOM, "out of host memory");
     if (s == GP_OK) s = run_layers(d, &cur, n, all != 0, pend);
+    if (s == GP_OK && !all && cur.dims[1] > 1) {
+        /* a last layer that pops a skip ran on every position (its skip
+         * input has them all): out takes the last of each sequence */
+        gp_tensor last = {0};
+        s = last_rows(&cur, &last);
+        gp_tensor_free(&cur);
+        cur = last;
+    }
     if (s == GP_OK) s = gp_tensor_download_f32(&cur, out);
     if (s == GP_OK) s = gp_dev_synchronize(cur.dev);
     gp_tensor_free(&cur);
