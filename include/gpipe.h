@@ -253,8 +253,8 @@ gp_status gp_run_predict(gp_run *run, const float *x, int64_t n, float *out);
  * layer.  One process.  The run's model must stay as it is while a cache
  * is filled: a feed after a step is refused until a rewind to 0.  Free
  * it before the run, and before gp_run_train(_ex), which replaces the
- * run's model and devices and is refused (GP_ERR_INVALID) while a decoder
- * is open. */
+ * run's model and devices, and gp_run_restore, which replaces its weights:
+ * both are refused (GP_ERR_INVALID) while a decoder is open. */
 typedef struct gp_decoder gp_decoder;
 gp_status gp_decoder_open(gp_run *run, int64_t samples, gp_decoder **out);
 /* ids (samples, n): the next n token ids of each sequence (as floats).

@@ -315,18 +315,25 @@ gp_status gp_run_train(gp_run *r, const char *metrics_path, gp_metrics *out)
     return gp_run_train_ex(r, &o, out);
 }
 
+/* Refused while a decoder is open: `why` ends in what the caches are to
+ * the call ("... which hold" their caches). */
+static gp_status no_decoders(gp_run *r, const char *fn, const char *why)
+{
+    int open = atomic_load(&r->decoders);
+    if (open <= 0) return GP_OK;
+    return gp_error_set(GP_ERR_INVALID, "%s: %d decoder%s of this run %s open; free %s first "
+                        "(gp_decoder_free): %s %s caches", fn, open, open > 1 ? "s" : "",
+                        open > 1 ? "are" : "is", open > 1 ? "them" : "it", why,
+                        open > 1 ? "their" : "its");
+}
+
 static gp_status run_train_ex(gp_run *r, const gp_train_options *opt, gp_metrics *out)
 {
     RUN_ARG(r, "gp_run_train_ex");
     if (out) no_step_yet(out, 0); /* what it says where nothing is trained */
     GP_TRY(same_process(r, "gp_run_train_ex"));
-    int open = atomic_load(&r->decoders);
-    if (open > 0)
-        return gp_error_set(GP_ERR_INVALID, "gp_run_train_ex: %d decoder%s of this run %s open; "
-                            "free %s first (gp_decoder_free): training replaces the run's model "
-                            "and devices, which hold %s caches", open, open > 1 ? "s" : "",
-                            open > 1 ? "are" : "is", open > 1 ? "them" : "it",
-                            open > 1 ? "their" : "its");
+    GP_TRY(no_decoders(r, "gp_run_train_ex", "training replaces the run's model and devices, "
+                       "which hold"));
     if (r->inference)
         return gp_error_set(GP_ERR_INVALID, "gp_run_train_ex: the run is for inference only "
                             "(gp_run_inference_only); load the config again to train");
@@ -520,6 +527,10 @@ static gp_status run_restore(gp_run *r, const char *path)
     if (!path || !path[0])
         return gp_error_set(GP_ERR_INVALID, "gp_run_restore needs a snapshot's path");
     GP_TRY(same_process(r, "gp_run_restore"));
+    /* a snapshot of the same step would pass the decoder's own check (the
+     * step count) with the keys and values of other weights */
+    GP_TRY(no_decoders(r, "gp_run_restore", "the snapshot's weights would not be the ones in "
+                       "the keys and values of"));
     char newest[4200];
     if (!strcmp(path, "latest")) { /* the newest complete one, as gpipe-train --resume latest */
         const char *dir = r->cfg.train.snapshot.dir;
