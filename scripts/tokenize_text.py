@@ -275,7 +275,9 @@ def cmd_decode(a):
 def cmd_ids(a):
     """The ids of a prompt, comma-separated, as gpipe-sample --prompt-ids
     takes them (a document's start, as encode writes one)."""
-    data = sys.stdin.buffer.read() if a.text == "-" else a.text.encode("utf-8")
+    # the argument's bytes as given: Python decoded argv with
+    # surrogateescape, which .encode("utf-8") cannot undo for bytes not UTF-8
+    data = sys.stdin.buffer.read() if a.text == "-" else os.fsencode(a.text)
     enc, hf = encoders(a.encoding, a.tokenizer)
     toks = encode_bytes(data, "the text" if a.text != "-" else "stdin", enc, hf)
     if not toks:

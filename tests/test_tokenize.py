@@ -97,6 +97,11 @@ def test_bytes(tmp):
           "ids of 'naïve' as bytes: %r %r" % (r.stdout, r.stderr))
     r = subprocess.run([sys.executable, SCRIPT, "ids", "-"], input=b"ab\n", capture_output=True)
     check(r.returncode == 0 and r.stdout == b"97,98,10\n", "ids from stdin: %r" % r.stdout)
+    # bytes that are not UTF-8 on the command line: the bytes' ids, as from
+    # stdin (it was an "unexpected error": argv's surrogateescape)
+    r = subprocess.run([sys.executable, SCRIPT, "ids", b"a\xffb"], capture_output=True)
+    check(r.returncode == 0 and r.stdout == b"97,255,98\n",
+          "ids of a\\xffb from argv: %r %r" % (r.stdout, r.stderr))
     one_line_error(script("ids", ""), "is empty", "ids of nothing")
     return out
 
