@@ -8,7 +8,8 @@ devices, ranked by predicted throughput.
     out add up; then configs/llama-tiny.yaml (a twelfth of the time):
     --pick, with less memory fewer fit (given by --memory, or per device in
     the config: the least of them), with 256 KiB none (exit 2, saying
-    so);
+    so); at a batch of 4096 no layout of more micro-batches in all than
+    the config takes (1024);
   - CPU devices of this machine (configs/default.yaml on 2, profiled):
     the best layout is written as a config (--write) that loads and trains
     two steps;
@@ -154,6 +155,16 @@ def main():
                                           "256KiB"], tmp)
         check(rc3 == 2 and "no layout fits" in out3, "256 KiB a device: exit %d: %s"
               % (rc3, out3[-400:]))
+        # a batch of 4096 on 8 GPUs: no layout of more than GP_MAX_CHUNKS (1024)
+        # micro-batches in all, which the config refuses (listed and ranked
+        # before, and --write wrote a file that did not load)
+        rc5, out5 = run("gpipe-balance", [llama, "--plan", "8", "--gpu", "h100", "--top", "400",
+                                          "--set", "train.batch_size=4096"], tmp)
+        over = [r for r in layouts(out5) if r[3] * r[1] > 1024]
+        big = [r for r in layouts(out5) if r[3] * r[1] == 1024]
+        check(rc5 == 0 and not over and big and "than samples (or than 1024)" in out5,
+              "batch 4096: exit %d, layouts past 1024 micro-batches %s, at 1024 %d: %s"
+              % (rc5, over[:3], len(big), out5[-400:]))
         # ZeRO stage 1 in the plan: the same pipeline, more replicas, less a device
         # (llama-tiny untied: a tied model keeps its optimizer's state whole)
         untie = ["--set", "model.llama.tie=false"]

@@ -74,7 +74,7 @@ static int plan_sizes(int64_t B, int N, int L, int64_t *sizes)
         if (N % n) continue;
         int R = N / n;
         int64_t br = (B + R - 1) / R;
-        for (int m = 1; m <= MAX_M && (int64_t)m * R <= B; m *= 2) {
+        for (int m = 1; m <= MAX_M && (int64_t)m * R <= B && m * R <= GP_MAX_CHUNKS; m *= 2) {
             int64_t lo = br / m, hi = (br + m - 1) / m;
             if (na < 510) all[na++] = lo > 0 ? lo : 1;
             if (na < 510) all[na++] = hi;
@@ -336,7 +336,11 @@ gp_status gp_plan_layouts(const gp_config *cfg, const gp_plan_request *rq, gp_pl
                      * not, checkpoints nothing, never's run listed twice */
                     if (n * v == 1 && ck == GP_CKPT_EXCEPT_LAST) continue;
                     out->considered++;
-                    if ((int64_t)m * R > B) { out->no_batch++; continue; }
+                    /* (the config's limit too: a layout it refuses is no plan) */
+                    if ((int64_t)m * R > B || (int64_t)m * R > GP_MAX_CHUNKS) {
+                        out->no_batch++;
+                        continue;
+                    }
                     if (n * v > L || (kind == GP_SCHEDULE_INTERLEAVED && m % n)) {
                         out->no_schedule++;
                         continue;

@@ -591,7 +591,8 @@ typedef struct gp_plan_result {
     gp_layout *layouts;       /* the ones that fit, fastest first (owned) */
     int n_layouts;
     int considered;           /* every (n, schedule, m, checkpoint) tried */
-    int no_batch;             /* fewer samples than replicas x micro-batches */
+    int no_batch;             /* fewer samples than replicas x micro-batches,
+                                 or more of those than GP_MAX_CHUNKS */
     int no_schedule;          /* more stages than layers, interleaved's m */
     int no_memory;            /* no split within the devices' memory */
     double capacity;          /* the memory planned for (0: unlimited) */
