@@ -546,13 +546,18 @@ static void test_cli_errors(void)
               "--write and --profile-out on one file: %s", out);
     /* --write writes pipeline.lockstep only where the config set it: a
      * written default read as set, and held for the schedule a later --set
-     * chose (lockstep zb-v, 19% bubble against 3-4% free-running) */
+     * chose (lockstep zb-v, 19% bubble against 3-4% free-running); and the
+     * other keys of the section it writes whole */
     static const struct {
         const char *sets, *want; /* want NULL: no lockstep key */
     } lw[] = {{"", NULL},
               {"--set pipeline.schedule=zb-v", NULL},
               {"--set pipeline.lockstep=true --set pipeline.schedule=zb-v", "lockstep: true"},
-              {"--set pipeline.lockstep=false", "lockstep: false"}};
+              {"--set pipeline.lockstep=false", "lockstep: false"},
+              /* the section is written whole: every key the config set
+               * (these two were dropped, bf16 copies trained as fp32) */
+              {"--set pipeline.copy_precision=bf16", "copy_precision: bf16"},
+              {"--set pipeline.peer_timeout=30", "peer_timeout: 30\n"}};
     for (size_t q = 0; q < sizeof lw / sizeof lw[0]; q++) {
         char wr[400];
         snprintf(wr, sizeof wr, "%s/lockstep-%zu.yaml", tmpdir, q);

@@ -124,6 +124,16 @@ static const char *yaml_size(size_t b, char *buf, size_t len)
     return buf;
 }
 
+/* Device j's capacity and threads: its own, else the pipeline's. */
+static size_t dev_memory(const gp_pipeline_config *pc, int j)
+{
+    return pc->devices[j].memory ? pc->devices[j].memory : pc->memory;
+}
+static int dev_threads(const gp_pipeline_config *pc, int j)
+{
+    return pc->devices[j].threads ? pc->devices[j].threads : pc->threads;
+}
+
 static gp_status write_config(const char *out_path, const gp_config *cfg, const int *balance)
 {
     char *text = NULL;
@@ -195,20 +205,32 @@ static gp_status write_config(const char *out_path, const gp_config *cfg, const 
     char sz[32];
     if (pc->memory) fprintf(o, "  memory: %s\n", yaml_size(pc->memory, sz, sizeof sz));
     if (pc->replicas > 1) fprintf(o, "  replicas: %d\n", pc->replicas);
+    /* the section is written whole: a key left out here is its default
+     * in the file, silently (bf16 copies trained as fp32) */
+    if (pc->copy_precision != GP_COPY_AUTO)
+        fprintf(o, "  copy_precision: %s\n", pc->copy_precision == GP_COPY_BF16 ? "bf16" : "fp32");
+    if (pc->peer_timeout != GP_PEER_TIMEOUT_DEFAULT)
+        fprintf(o, "  peer_timeout: %.17g\n", pc->peer_timeout);
     s = gp_atomic_commit(&a, ferror(o) ? (errno ? errno : EIO) : 0);
     if (s != GP_OK) return gp_error_wrap(s, "--write");
     gp_config check;
     s = gp_config_load(out_path, NULL, 0, &check);
     if (s != GP_OK) return gp_error_wrap(s, "the written config '%s' does not load", out_path);
-    bool same = check.pipeline.n_balance == stages && check.pipeline.schedule == pc->schedule &&
-                check.pipeline.replicas == pc->replicas;
+    const gp_pipeline_config *cp = &check.pipeline;
+    bool same = cp->n_balance == stages && cp->schedule == pc->schedule &&
+                cp->replicas == pc->replicas && cp->chunks == pc->chunks &&
+                cp->checkpoint == pc->checkpoint && cp->checkpoint_keep == pc->checkpoint_keep &&
+                cp->lockstep == pc->lockstep && cp->threads == pc->threads &&
+                cp->memory == pc->memory && cp->copy_precision == pc->copy_precision &&
+                cp->peer_timeout == pc->peer_timeout && cp->virtual_stages == pc->virtual_stages;
     for (int j = 0; same && j < pc->n_devices * all; j++)
-        same = !strcmp(check.pipeline.devices[j].name, pc->devices[j].name);
-    for (int j = 0; same && j < stages; j++) same = check.pipeline.balance[j] == balance[j];
+        same = !strcmp(cp->devices[j].name, pc->devices[j].name) &&
+               dev_memory(cp, j) == dev_memory(pc, j) && dev_threads(cp, j) == dev_threads(pc, j);
+    for (int j = 0; same && j < stages; j++) same = cp->balance[j] == balance[j];
     gp_config_free(&check);
     if (!same)
-        return gp_error_set(GP_ERR_RUNTIME, "'%s' does not hold the balance and schedule",
-                            out_path);
+        return gp_error_set(GP_ERR_RUNTIME, "'%s' does not hold the pipeline section it was "
+                            "given (balance, schedule, devices or another key)", out_path);
     return GP_OK;
 }
 
@@ -538,10 +560,11 @@ static int run_plan(gp_config *cfg, int N, const char *gpu, double memory, int t
                "rest: pipeline.checkpoint.keep)\n", ks);
     }
     printf("  (stages: a pipeline's devices x its replicas; the replicas' gradient reduction "
-           "is in the step%s)\nruled out: %d with more replicas x micro-batches than samples, "
+           "is in the step%s)\nruled out: %d with more replicas x micro-batches than samples (or than %d), "
            "%d that no schedule makes (more stages than layers, interleaved's m), %d over the "
            "devices' memory\n", gpu ? "; times are the roofline's floor: measured steps "
-           "run slower, and MFU lower" : "", r.no_batch, r.no_schedule, r.no_memory);
+           "run slower, and MFU lower" : "", r.no_batch, GP_MAX_CHUNKS, r.no_schedule,
+           r.no_memory);
     if (r.n_layouts == 0) {
         printf("no layout fits: more devices, more memory (--memory), or a smaller batch\n");
         gp_plan_result_free(&r);
