@@ -588,6 +588,17 @@ static void test_partition_v(void)
 
 /* ---- profiler ---------------------------------------------------------------- */
 
+/* A batch of b uniform inputs of per values each and class labels 0..9, the
+ * classifier benches' (the caller frees both) */
+static void class_batch(int64_t b, int64_t per, float **x, float **y)
+{
+    *x = malloc((size_t)(b * per) * sizeof **x);
+    *y = malloc((size_t)b * sizeof **y);
+    CHECK(*x && *y);
+    gp_rng_uniform_fill(5, 6, 0, *x, b * per);
+    for (int64_t i = 0; i < b; i++) (*y)[i] = (float)(i % 10);
+}
+
 static gp_profile_opts popts(int64_t b)
 {
     gp_profile_opts o = {.device = "cpu:0", .threads = 1, .warmup = 2, .reps = 5,
@@ -771,6 +782,13 @@ static void test_profile_identity(const gp_config *cfg, const gp_profile *q, con
     CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA, "\"contend\"");
     CHECK(rewrite(path, p2, "\"batch\":", "\"evict_bytes\": -5, \"batch\":"));
     CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA, "\"evict_bytes\"");
+    /* and the lists' sizes and layer indices, checked before their casts */
+    CHECK(rewrite(path, p2, "\"input\": [1,12,12]", "\"input\": [1e300,12,12]"));
+    CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA,
+              "\"input\"[0] is 1e+300, not a whole number from 1 to");
+    CHECK(rewrite(path, p2, "\"batch\":", "\"skips\": [[1e300, 2]], \"batch\":"));
+    CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA,
+              "\"skips\"[0] is 1e+300, not a whole number from 0 to");
     remove(p2);
 }
 
@@ -1764,10 +1782,9 @@ static bool simulator_attempt(bool last)
         gp_device *devs[GP_MAX_DEVICES];
         gp_model model;
         CHECK_OK(gp_train_open(&cfg, devs, &model, true));
-        int64_t b = 128, per = 784;
-        float *x = malloc((size_t)(b * per) * sizeof *x), *y = malloc((size_t)b * sizeof *y);
-        gp_rng_uniform_fill(5, 6, 0, x, b * per);
-        for (int64_t i = 0; i < b; i++) y[i] = (float)(i % 10);
+        int64_t b = 128;
+        float *x, *y;
+        class_batch(b, 784, &x, &y);
         double t[5];
         for (int it = 0; it < 7; it++) {
             gp_step_stats st;
@@ -2629,10 +2646,9 @@ static int upload_ahead_attempt(bool last)
     gp_device *devs[GP_MAX_DEVICES];
     gp_model model;
     CHECK_OK(gp_train_open(&cfg, devs, &model, true));
-    int64_t b = 1024, per = 256;
-    float *x = malloc((size_t)(b * per) * sizeof *x), *y = malloc((size_t)b * sizeof *y);
-    gp_rng_uniform_fill(5, 6, 0, x, b * per);
-    for (int64_t i = 0; i < b; i++) y[i] = (float)(i % 10);
+    int64_t b = 1024;
+    float *x, *y;
+    class_batch(b, 256, &x, &y);
     for (int it = 0; it < 2; it++) {
         if (it == 1) gp_allocator_reset_peak(&devs[0]->alloc);
         CHECK_OK(gp_model_pipeline_step(&model, &cfg, x, y, b, 0.0, NULL));

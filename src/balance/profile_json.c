@@ -225,6 +225,19 @@ static double jitem_req(jctx *c, const gp_json_value *list, int z, const char *k
     return c->st == GP_OK ? v : 0;
 }
 
+/* A list item that is a whole number in [lo, hi], checked before the cast
+ * (1e300 cast to an int is undefined); 0 after an error. */
+static int64_t jitem_int(jctx *c, const gp_json_value *list, int z, const char *key, int64_t lo,
+                         int64_t hi)
+{
+    double v = jitem_req(c, list, z, key);
+    if (c->st == GP_OK && !(v == floor(v) && v >= (double)lo && v <= (double)hi))
+        c->st = gp_error_set(GP_ERR_DATA, "profile '%s': \"%s\"[%d] is %g, not a whole number "
+                             "from %lld to %lld; re-create the profile with gpipe-balance "
+                             "--profile-out", c->path, key, z, v, (long long)lo, (long long)hi);
+    return c->st == GP_OK ? (int64_t)v : 0;
+}
+
 gp_status gp_profile_load(const char *path, gp_profile *out)
 {
     memset(out, 0, sizeof *out);
@@ -262,9 +275,7 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
                                                         "of" : "", path);
     const gp_json_value *in = jarr_req(&c, root, "input", 3, "");
     for (int d = 0; c.st == GP_OK && d < 3; d++) {
-        out->input[d] = (int64_t)jitem_req(&c, in, d, "input");
-        if (c.st == GP_OK && out->input[d] < 1)
-            c.st = gp_error_set(GP_ERR_DATA, "profile '%s': \"input\" must be 3 sizes >= 1", path);
+        out->input[d] = jitem_int(&c, in, d, "input", 1, (int64_t)1 << 40);
     }
     const gp_json_value *mh = gp_json_get(root, "model_hash");
     if (c.st == GP_OK) {
@@ -302,8 +313,8 @@ gp_status gp_profile_load(const char *path, gp_profile *out)
                 const gp_json_value *e = &sk->items[t];
                 bool pair = e->kind == GP_JSON_ARRAY && e->n == 2;
                 if (pair) {
-                    out->skips[t].from = (int)jitem_req(&c, e, 0, "skips");
-                    out->skips[t].to = (int)jitem_req(&c, e, 1, "skips");
+                    out->skips[t].from = (int)jitem_int(&c, e, 0, "skips", 0, 1 << 20);
+                    out->skips[t].to = (int)jitem_int(&c, e, 1, "skips", 0, 1 << 20);
                 }
                 if (c.st == GP_OK && (!pair || out->skips[t].from < 0 ||
                                       out->skips[t].to <= out->skips[t].from))
