@@ -1272,6 +1272,13 @@ static void test_overrides(void)
     const char *bad10[] = {"model.layers.2.kernel=3"};
     CHECK_ERR(parse_bad(k_base, bad10, 1), GP_ERR_INVALID,
               "--set model.layers.2.kernel=3: unknown option 'kernel' for layer 2 (relu)");
+    /* a list one override wrote and a later one changed: both named (the
+     * message blamed the first, whose list was right) */
+    const char *bad13[] = {"pipeline.devices=[cpu:0, cpu:1]", "pipeline.balance=[2, 3]",
+                           "pipeline.balance.0=1"};
+    CHECK_ERR(parse_bad(k_base, bad13, 3), GP_ERR_INVALID,
+              "--set pipeline.balance=[2, 3] (as --set pipeline.balance.0=1 changed it): "
+              "pipeline.balance");
     const char *bad11[] = {"pipeline.chunks=0"};
     CHECK_ERR(parse_bad(k_base, bad11, 1), GP_ERR_INVALID,
               "--set pipeline.chunks=0: pipeline.chunks must be >= 1, got 0");
@@ -1281,6 +1288,50 @@ static void test_overrides(void)
     const char *bad12[] = {"pipeline.chunks=2\n# a comment"};
     CHECK_ERR(parse_bad(k_base, bad12, 1), GP_ERR_INVALID,
               "a line break in the value; give it on one line");
+}
+
+/* gp_config_text_applied on what the config reviewer found: a line at
+ * column 1 inside a flow map or a quoted scalar (taken for a section's
+ * key, so a rewritten section left its tail in the file), an alias whose
+ * anchor sat in a rewritten section, and a line break YAML folds (NEL)
+ * written raw inside quotes.  Each reads back with its override, and its
+ * values as given. */
+static void text_applied_sections(void)
+{
+    static const struct {
+        const char *text, *set;
+        int out;           /* layer 1's out after the override */
+        int64_t batch;     /* train.batch_size after it */
+        const char *dir;   /* train.snapshot.dir, or NULL */
+    } cases[] = {
+        {"model: {\ninput: [4],\nlayers: [flatten, {linear: {out: 2}}]}\n"
+         "train:\n  batch_size: 8\n", "model.layers.1.out=3", 3, 8, NULL},
+        {"model:\n  input: [4]\n  layers: [flatten, {linear: {out: 2}}]\n"
+         "train:\n  snapshot: {dir: \"runs/a\ndata: b\"}\n  batch_size: 8\n",
+         "train.batch_size=16", 2, 16, "runs/a data: b"},
+        {"model:\n  input: &shape [4]\n  layers: [flatten, {linear: {out: 2}}]\n"
+         "data: {dataset: synthetic, synthetic: {shape: *shape}}\n",
+         "model.layers.1.out=3", 3, 0, NULL},
+        {"model:\n  input: [4]\n  layers: [flatten, {linear: {out: 2}}]\n"
+         "train:\n  snapshot: {dir: \"p\\Nq\\Lr\"}\n",
+         "train.batch_size=16", 2, 16, "p\xc2\x85q\xe2\x80\xa8r"},
+    };
+    for (int q = 0; q < (int)(sizeof cases / sizeof cases[0]); q++) {
+        gp_config c, w;
+        const char *set[] = {cases[q].set};
+        CHECK_OK(parse_set(cases[q].text, set, 1, &c));
+        char *t = NULL;
+        CHECK_OK(gp_config_text_applied(&c, NULL, &t));
+        gp_status sw = t ? parse(t, &w) : GP_ERR_INVALID;
+        bool ok = sw == GP_OK && w.model.n_layers == 2 && w.model.layers[1].out == cases[q].out &&
+                  (!cases[q].batch || w.train.batch_size == cases[q].batch) &&
+                  (!cases[q].dir || !strcmp(w.train.snapshot.dir, cases[q].dir));
+        CHECK_MSG(ok, "case %d written as:\n%s\n(%s)", q, t ? t : "(none)",
+                  sw == GP_OK ? "read back otherwise" : gp_last_error());
+        if (sw == GP_OK) gp_config_free(&w);
+        free(t);
+        gp_config_free(&c);
+    }
 }
 
 /* gp_config_text_applied: the text with the overrides written in loads,
@@ -1366,6 +1417,7 @@ static void test_text_applied(void)
         free(t);
         gp_config_free(&c);
     }
+    text_applied_sections();
 }
 
 static void test_load(void)

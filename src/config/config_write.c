@@ -27,6 +27,8 @@ static bool plain_ok(const char *t, bool flow)
     if (strchr("?:-", t[0]) && (t[1] == ' ' || t[1] == '\0')) return false;
     if (strchr(",[]{}#&*!|>'\"%@`", t[0])) return false;
     if (strstr(t, ": ") || strstr(t, " #")) return false;
+    if (strstr(t, "\xc2\x85") || strstr(t, "\xe2\x80\xa8") || strstr(t, "\xe2\x80\xa9"))
+        return false; /* NEL, LS, PS: line breaks to a YAML reader */
     for (const char *p = t; *p; p++) {
         if ((unsigned char)*p < 0x20 || *p == 0x7f) return false;
         if (flow && strchr(",[]{}", *p)) return false;
@@ -47,6 +49,18 @@ static void put_scalar(FILE *o, const gp_ynode *n, bool flow)
     }
     fputc('"', o);
     for (const unsigned char *p = (const unsigned char *)t; *p; p++) {
+        /* YAML's other line breaks, NEL, LS and PS, which a reader folds
+         * inside quotes: their escapes */
+        if (p[0] == 0xc2 && p[1] == 0x85) {
+            fputs("\\N", o);
+            p++;
+            continue;
+        }
+        if (p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9)) {
+            fputs(p[2] == 0xa8 ? "\\L" : "\\P", o);
+            p += 2;
+            continue;
+        }
         if (*p == '"' || *p == '\\') fprintf(o, "\\%c", *p);
         else if (*p == '\n') fputs("\\n", o);
         else if (*p == '\t') fputs("\\t", o);
@@ -106,20 +120,6 @@ static void put_value(FILE *o, const gp_ynode *n, int indent)
     }
 }
 
-/* The top-level key a line of the file starts, into key (len bytes; ""
- * for an indented line, a comment, a blank or a document marker). */
-static void top_key(const char *line, char *key, size_t len)
-{
-    key[0] = '\0';
-    if (!*line || strchr(" \t\r\n#-%.", line[0])) return;
-    size_t k = strcspn(line, ":");
-    if (line[k] != ':') return;
-    while (k > 0 && isspace((unsigned char)line[k - 1])) k--;
-    if (k >= len) k = len - 1;
-    memcpy(key, line, k);
-    key[k] = '\0';
-}
-
 /* The top-level key an override "a.b=v" sets, into key. */
 static void set_top(const char *set, char *key, size_t len)
 {
@@ -135,21 +135,38 @@ static void set_top(const char *set, char *key, size_t len)
 #define MAX_TOUCHED 64
 
 /* Whether the file's lines can be copied section by section: every
- * top-level key plain and at the start of its line, and lines that end in
- * LF (or CR LF).  A root map indented, in flow style or with quoted keys,
- * or a file with lone CR line ends, is written whole from the tree
- * instead (its comments and layout lost, its content kept). */
+ * top-level key plain, at the start of its line and below the one before
+ * (a section runs from its key's line to the next key's), lines that end
+ * in LF (or CR LF) and no other line break, and no alias (a section written from the tree holds
+ * the anchored value's copy and no anchor, which a copied one may name).
+ * Otherwise the config is written whole from the tree (its comments and
+ * layout lost, its content kept). */
 static bool layout_kept(const char *text, const gp_ynode *root)
 {
     if (root->kind != GP_YNODE_MAP) return root->kind == GP_YNODE_NULL;
     for (int i = 0; i < root->n; i++) {
         const gp_ynode *k = root->keys[i];
-        if (k->column != 1 || k->quoted || !k->text || strchr(k->text, ':'))
+        if (k->column != 1 || k->quoted || !k->text || strchr(k->text, ':') ||
+            (i > 0 && k->line <= root->keys[i - 1]->line))
             return false;
     }
     for (const char *p = text; *p; p++)
         if (*p == '\r' && p[1] != '\n') return false;
-    return true;
+    /* NEL, LS and PS end a line for the parser, and would move its line
+     * numbers off the text's LFs */
+    if (strstr(text, "\xc2\x85") || strstr(text, "\xe2\x80\xa8") || strstr(text, "\xe2\x80\xa9"))
+        return false;
+    return !gp_ytext_has_alias(text, strlen(text));
+}
+
+/* The top-level key whose section holds line `ln` (1-based; NULL before
+ * the first: the file's opening comments). */
+static const char *section_of(const gp_ynode *root, int ln)
+{
+    const char *key = NULL;
+    for (int i = 0; root->kind == GP_YNODE_MAP && i < root->n; i++)
+        if (root->keys[i]->line <= ln) key = root->keys[i]->text;
+    return key;
 }
 
 gp_status gp_config_text_applied(const gp_config *c, const char *drop, char **out)
@@ -188,7 +205,8 @@ gp_status gp_config_text_applied(const gp_config *c, const char *drop, char **ou
     }
     if (!keep) {
         fprintf(o, "# written from %s with the overrides applied (its layout could not be kept: "
-                   "a top-level key indented, quoted or in flow style, or lone CR line ends)\n",
+                   "a top-level key indented, quoted or in flow style, an alias, or line ends "
+                   "other than LF and CR LF)\n",
                 c->path[0] ? c->path : "the config");
         for (int i = 0; root->kind == GP_YNODE_MAP && i < root->n; i++) {
             if (drop && !strcmp(root->keys[i]->text ? root->keys[i]->text : "", drop)) continue;
@@ -198,18 +216,19 @@ gp_status gp_config_text_applied(const gp_config *c, const char *drop, char **ou
         }
         nt = 0; /* every section is written: none again below */
     }
-    /* the file's lines, less the touched and dropped sections */
-    bool skipping = false;
-    for (const char *p = text; keep && *p;) {
+    /* the file's lines, less the touched and dropped sections: each from
+     * its key's line to the next key's, as the parser placed them (a line
+     * at column 1 inside a flow map or a quoted scalar is no key) */
+    gp_ynode *file = NULL;
+    if (keep) s = gp_ytree_parse(c->path[0] ? c->path : "<config>", NULL, text, strlen(text),
+                                 &file);
+    int ln = 1;
+    for (const char *p = text; s == GP_OK && keep && *p; ln++) {
         const char *e = strchr(p, '\n');
         size_t n = e ? (size_t)(e - p) + 1 : strlen(p);
-        char line[128], key[64];
-        snprintf(line, sizeof line, "%.*s", (int)(n < sizeof line - 1 ? n : sizeof line - 1), p);
-        top_key(line, key, sizeof key);
-        if (key[0]) {
-            skipping = drop && !strcmp(key, drop);
-            for (int i = 0; i < nt; i++) skipping |= !strcmp(key, touched[i]);
-        }
+        const char *key = section_of(file, ln);
+        bool skipping = key && drop && !strcmp(key, drop);
+        for (int i = 0; key && i < nt; i++) skipping |= !strcmp(key, touched[i]);
         if (!skipping) fwrite(p, 1, n, o);
         if (n && p[n - 1] != '\n' && !skipping) fputc('\n', o);
         p += n;
@@ -225,9 +244,10 @@ gp_status gp_config_text_applied(const gp_config *c, const char *drop, char **ou
         put_value(o, v, 0);
     }
     gp_ynode_free(root);
-    if (fclose(o) != 0 || !buf) {
+    gp_ynode_free(file);
+    if (fclose(o) != 0 || !buf || s != GP_OK) {
         free(buf);
-        return gp_error_set(GP_ERR_OOM, "out of memory writing a config");
+        return s != GP_OK ? s : gp_error_set(GP_ERR_OOM, "out of memory writing a config");
     }
     *out = buf;
     return GP_OK;

@@ -137,8 +137,27 @@ const char *gp_ynode_set_within(const gp_ynode *n)
     return NULL;
 }
 
+/* The first override under n (its items, not n) other than `not`. */
+static const char *set_inside(const gp_ynode *n, const char *not)
+{
+    for (int i = 0; n && i < n->n; i++) {
+        const gp_ynode *c = n->items[i];
+        if (c->set && strcmp(c->set, not)) return c->set;
+        const char *s = set_inside(c, not);
+        if (s) return s;
+    }
+    return NULL;
+}
+
 const char *gp_yloc(const char *name, const gp_ynode *n, char *buf, size_t len)
 {
+    /* a list an override wrote, and a later one changed a part of: both */
+    const char *later = n && n->set && n->kind != GP_YNODE_MAP ? set_inside(n, n->set) : NULL;
+    if (later) {
+        const char *opt = gp_opt_name(GP_OPT_SET);
+        snprintf(buf, len, "%s %s (as %s %s changed it)", opt, n->set, opt, later);
+        return buf;
+    }
     /* a list or scalar an override changed a part of (a balance entry);
      * not a map, whose messages (a section's, the document's) are seldom
      * about what an override inside it did */
@@ -523,6 +542,23 @@ gp_status gp_ytree_parse(const char *name, const char *set, const char *text,
     }
     *out = b.root;
     return GP_OK;
+}
+
+bool gp_ytext_has_alias(const char *text, size_t len)
+{
+    yaml_parser_t p;
+    if (!yaml_parser_initialize(&p)) return true; /* (the caller's safe side) */
+    yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
+    bool alias = false, done = false;
+    while (!done && !alias) {
+        yaml_event_t e;
+        if (!yaml_parser_parse(&p, &e)) break;
+        alias = e.type == YAML_ALIAS_EVENT;
+        done = e.type == YAML_STREAM_END_EVENT;
+        yaml_event_delete(&e);
+    }
+    yaml_parser_delete(&p);
+    return alias;
 }
 
 /* ---- overrides ---------------------------------------------------------- */
