@@ -211,11 +211,16 @@ static gp_status write_config(const char *out_path, const gp_config *cfg, const 
         fprintf(o, "  copy_precision: %s\n", pc->copy_precision == GP_COPY_BF16 ? "bf16" : "fp32");
     if (pc->peer_timeout != GP_PEER_TIMEOUT_DEFAULT)
         fprintf(o, "  peer_timeout: %.17g\n", pc->peer_timeout);
-    s = gp_atomic_commit(&a, ferror(o) ? (errno ? errno : EIO) : 0);
-    if (s != GP_OK) return gp_error_wrap(s, "--write");
+    /* read back before it takes out_path's place: a config that does not
+     * load, or says other than it was given, leaves out_path as it was */
+    if (fflush(o) != 0 || ferror(o)) return gp_atomic_commit(&a, errno ? errno : EIO);
     gp_config check;
-    s = gp_config_load(out_path, NULL, 0, &check);
-    if (s != GP_OK) return gp_error_wrap(s, "the written config '%s' does not load", out_path);
+    s = gp_config_load(a.tmp, NULL, 0, &check);
+    if (s != GP_OK) {
+        gp_atomic_abort(&a);
+        return gp_error_wrap(s, "the config --write made for '%s' does not load (nothing "
+                             "written)", out_path);
+    }
     const gp_pipeline_config *cp = &check.pipeline;
     bool same = cp->n_balance == stages && cp->schedule == pc->schedule &&
                 cp->replicas == pc->replicas && cp->chunks == pc->chunks &&
@@ -228,10 +233,14 @@ static gp_status write_config(const char *out_path, const gp_config *cfg, const 
                dev_memory(cp, j) == dev_memory(pc, j) && dev_threads(cp, j) == dev_threads(pc, j);
     for (int j = 0; same && j < stages; j++) same = cp->balance[j] == balance[j];
     gp_config_free(&check);
-    if (!same)
-        return gp_error_set(GP_ERR_RUNTIME, "'%s' does not hold the pipeline section it was "
-                            "given (balance, schedule, devices or another key)", out_path);
-    return GP_OK;
+    if (!same) {
+        gp_atomic_abort(&a);
+        return gp_error_set(GP_ERR_RUNTIME, "the config --write made for '%s' does not hold the "
+                            "pipeline section it was given (balance, schedule, devices or "
+                            "another key); nothing written", out_path);
+    }
+    s = gp_atomic_commit(&a, 0);
+    return s == GP_OK ? GP_OK : gp_error_wrap(s, "--write");
 }
 
 /* A saved profile's times hold at the micro-batch sizes it measured: the
