@@ -1359,15 +1359,28 @@ static void test_config_checks(void)
                         "test: 8, classes: 3, shape: [1, 4, 4]}}\n"
                         "train: {batch_size: 8, epochs: 2}\n");
     }
-    /* A warmup as long as the run: said once, before the first step; not
-     * with one step to spare */
+    /* A warmup longer than the run, or as long as it before a decay: said
+     * once, before the first step; not with one step to spare, nor as long
+     * as a constant schedule's run (its last step reaches the base rate:
+     * the warning said it never did) */
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --set train.steps=3 "
+             "--set 'train.schedule={type: cosine, warmup_steps: 4}'", bin, cfg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 &&
+                  strstr(out, "train.schedule.warmup_steps = 4 is more than the run's 3 steps: "
+                              "the learning rate never reaches its base rate (0.01) and the "
+                              "schedule after the warmup never starts; lower warmup_steps"),
+              "warmup longer than the run: %.900s", out);
     snprintf(cmd, sizeof cmd, "%s %s --no-progress --set train.steps=3 "
              "--set 'train.schedule={type: cosine, warmup_steps: 3}'", bin, cfg);
     CHECK_MSG(run(cmd, out, sizeof out) == 0 &&
-                  strstr(out, "train.schedule.warmup_steps = 3 is not below the run's 3 steps: "
-                              "the learning rate never reaches its base rate (0.01) and the "
-                              "schedule after the warmup never starts; lower warmup_steps"),
+                  strstr(out, "train.schedule.warmup_steps = 3 is the run's 3 steps: the "
+                              "learning rate reaches its base rate (0.01) at the last step, and "
+                              "the schedule after the warmup never starts"),
               "warmup as long as the run: %.900s", out);
+    snprintf(cmd, sizeof cmd, "%s %s --no-progress --set train.steps=3 "
+             "--set 'train.schedule={type: constant, warmup_steps: 3}'", bin, cfg);
+    CHECK_MSG(run(cmd, out, sizeof out) == 0 && !strstr(out, "warmup_steps ="),
+              "a constant schedule's warmup as long as the run: %.900s", out);
     snprintf(cmd, sizeof cmd, "%s %s --no-progress --set train.steps=3 "
              "--set 'train.schedule={type: cosine, warmup_steps: 2}'", bin, cfg);
     CHECK_MSG(run(cmd, out, sizeof out) == 0 && !strstr(out, "warmup_steps ="),

@@ -1562,12 +1562,19 @@ static void run_plan(train_run *r)
                 "x replicas = %lld: that partial batch is dropped", (long long)r->rest,
                 r->rest == 1 ? "" : "s", (long long)r->train.n, (long long)tc->batch_size,
                 r->rest == 1 ? "is" : "are", (long long)r->min_batch);
-    if (tc->sched.warmup_steps >= total && total > 0 && tc->sched.warmup_start < 1)
-        GP_WARN("train.schedule.warmup_steps = %lld is not below the run's %lld step%s: the "
+    /* (a warm-up as long as the run reaches the base rate at its last
+     * step: a constant schedule then lost nothing) */
+    bool decays = tc->sched.kind != GP_SCHED_CONSTANT;
+    if (tc->sched.warmup_steps > total && total > 0 && tc->sched.warmup_start < 1)
+        GP_WARN("train.schedule.warmup_steps = %lld is more than the run's %lld step%s: the "
                 "learning rate never reaches its base rate (%g)%s; lower warmup_steps",
                 (long long)tc->sched.warmup_steps, (long long)total, total == 1 ? "" : "s",
-                gp_lr_base(tc), tc->sched.kind == GP_SCHED_CONSTANT ? "" :
-                " and the schedule after the warmup never starts");
+                gp_lr_base(tc), decays ? " and the schedule after the warmup never starts" : "");
+    else if (tc->sched.warmup_steps == total && total > 0 && decays)
+        GP_WARN("train.schedule.warmup_steps = %lld is the run's %lld step%s: the learning rate "
+                "reaches its base rate (%g) at the last step, and the schedule after the warmup "
+                "never starts; lower warmup_steps", (long long)total, (long long)total,
+                total == 1 ? "" : "s", gp_lr_base(tc));
     r->out.progress = opts->progress;
     if (r->out.progress < 0) r->out.progress = isatty(STDERR_FILENO) ? 1 : 0;
     if (opts->quiet) r->out.progress = 0;
