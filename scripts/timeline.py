@@ -744,18 +744,27 @@ def _ms(x):
     return "%.3f" % (x * 1e3)
 
 
-def metric_rows(m):
-    """(label, value, kind) rows shared by summary and compare."""
+def device_of(name):
+    """A device's name without the stages it holds ("cpu:0 (stages 0, 3)"
+    -> "cpu:0"): what pairs a device across two schedules."""
+    return name.split(" (stage", 1)[0]
+
+
+def metric_rows(m, label=None):
+    """(label, value, kind) rows shared by summary and compare; label(name)
+    names a device's rows (its trace name by default)."""
+    label = label or (lambda name: name)
     rows = []
     for d, r in m["devices"].items():
+        name = label(r["name"])
         for key in ("busy", "idle", "copy", "wait"):
-            rows.append(("%s %s ms" % (r["name"], key), r[key], "time"))
+            rows.append(("%s %s ms" % (name, key), r[key], "time"))
         for key in ("end", "barrier"):
             if any(x[key] for x in m["devices"].values()):
-                rows.append(("%s %s ms" % (r["name"], key), r[key], "time"))
+                rows.append(("%s %s ms" % (name, key), r[key], "time"))
         if "kernel" in r:
-            rows.append(("%s kernel ms" % r["name"], r["kernel"], "time"))
-        rows.append(("%s bubble fraction" % r["name"], r["bubble"], "frac"))
+            rows.append(("%s kernel ms" % name, r["kernel"], "time"))
+        rows.append(("%s bubble fraction" % name, r["bubble"], "frac"))
     rows.append(("mean step wall ms", m["mean_step_wall"], "time"))
     rows.append(("overlap factor (sum busy / wall)", m["overlap"], "frac"))
     return rows
@@ -795,7 +804,23 @@ def print_compare(ma, mb, out=None):
     out = out or sys.stdout
     na, nb = os.path.basename(ma["path"]), os.path.basename(mb["path"])
     print("A = %s\nB = %s" % (ma["path"], mb["path"]), file=out)
-    print_compare_table(metric_rows(ma), metric_rows(mb), lambda r: _fmt(r[1], r[2]),
+    # two schedules name a device by the stages it holds ("cpu:0 (stage 0)"
+    # under 1F1B, "cpu:0 (stages 0, 3)" under zb-v): its rows are paired by
+    # the device, each trace's names said first, where each trace names a
+    # device once
+    names = [[r["name"] for r in m["devices"].values()] for m in (ma, mb)]
+    short = [[device_of(x) for x in ns] for ns in names]
+    label = None
+    if names[0] != names[1] and all(len(set(s)) == len(s) for s in short):
+        label = device_of
+        for dev in short[0]:
+            if dev in short[1]:
+                a, b = names[0][short[0].index(dev)], names[1][short[1].index(dev)]
+                if a != b:
+                    print("%s: A's %s, B's %s" % (dev, a[len(dev):].strip(" ()"),
+                                                  b[len(dev):].strip(" ()")), file=out)
+    print_compare_table(metric_rows(ma, label), metric_rows(mb, label),
+                        lambda r: _fmt(r[1], r[2]),
                         lambda a, b: "%.3f" % (b[1] / a[1]) if a and b and a[1] != 0 else "-",
                         ("A " + na[:30], "B " + nb[:30]), out)
 

@@ -914,9 +914,11 @@ def test_schedules(tmp):
     the stages a device holds; the arrows and waits of each
     (check_flows_and_waits)."""
     m, n = 4, 2
+    traces = {}
     for sched, S in (("1f1b", 2), ("zb-h1", 2), ("interleaved", 4), ("zb-v", 4)):
         trace, _ = gpipe_train(tmp, sched, ["--set", "pipeline.schedule=" + sched,
                                             "--set", "train.steps=3"])
+        traces[sched] = trace
         tr = T.read_trace(trace)
         check(tr.steps() == [1, 2], "%s: recorded steps 1..2 (got %s)" % (sched, tr.steps()))
         dev = (lambda j: j if j < n else 2 * n - 1 - j) if sched == "zb-v" else (lambda j: j % n)
@@ -938,6 +940,16 @@ def test_schedules(tmp):
         check(all(d["busy"] > 0 for d in T.metrics(tr)["devices"].values()),
               "%s: every device busy" % sched)
         check_flows_and_waits(trace, sched)
+    # compare pairs a device across schedules whose names list other stages
+    # (it printed every device twice, each with "-" under the other trace)
+    r = subprocess.run([sys.executable, SCRIPT, "compare", traces["1f1b"], traces["zb-v"],
+                        "--no-plot"], capture_output=True, text=True)
+    rows = {l.split(" bubble fraction")[0]: l.split() for l in r.stdout.splitlines()
+            if " bubble fraction " in l}
+    check(r.returncode == 0 and set(rows) == {"cpu:0", "cpu:1"} and
+          all(v[-1] != "-" for v in rows.values()) and
+          "cpu:0: A's stage 0, B's stages 0, 3" in r.stdout,
+          "compare 1f1b with zb-v: device rows %s: %s %s" % (rows, r.stdout[:600], r.stderr))
 
 
 def main():
