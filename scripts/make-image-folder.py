@@ -23,9 +23,17 @@ python3-pil and python3-numpy: hence /usr/bin/python3).
 import argparse
 import os
 import random
+import sys
 
-import numpy as np
-from PIL import Image, ImageDraw
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gp_script_common import ScriptError, parser_raising, run_cli  # noqa: E402
+
+try:
+    import numpy as np
+    from PIL import Image, ImageDraw
+except ImportError as e:
+    sys.exit("make-image-folder.py: %s; run with Debian's /usr/bin/python3, which has "
+             "python3-numpy and python3-pil (scripts/install-deps.sh)" % e)
 
 SHAPES = ["disc", "square", "ring", "hbar", "vbar", "triangle", "cross", "diamond"]
 
@@ -127,24 +135,49 @@ def wxh(text):
     return w, h
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def in_range(kind, lo, hi=None):
+    """An argparse type: a `kind` number in [lo, hi] (hi None: no limit)."""
+    def parse(text):
+        try:
+            v = kind(text)
+        except ValueError:
+            v = None
+        if v is None or v != v or v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError("'%s': give a %s from %s%s" % (
+                text, "whole number" if kind is int else "number", lo,
+                " to %s" % hi if hi is not None else " up"))
+        return v
+    return parse
+
+
+class FolderError(ScriptError):
+    pass
+
+
+def main(argv=None):
+    ap = parser_raising(FolderError)(prog="make-image-folder.py",
+                                     description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
     ap.add_argument("--segmentation", action="store_true")
-    ap.add_argument("--classes", type=int, default=10)
-    ap.add_argument("--train", type=int, default=100, help="images per class (or in all)")
-    ap.add_argument("--val", type=int, default=20)
+    ap.add_argument("--classes", type=in_range(int, 2), default=10)
+    ap.add_argument("--train", type=in_range(int, 1), default=100,
+                    help="images per class (or in all)")
+    ap.add_argument("--val", type=in_range(int, 1), default=20)
     ap.add_argument("--size", type=wxh, default=(400, 350),
                     help="mean WxH, or N for NxN (default 400x350)")
-    ap.add_argument("--quality", type=int, default=90)
-    ap.add_argument("--png", type=float, default=0.1, help="share of PNG files")
+    ap.add_argument("--quality", type=in_range(int, 1, 100), default=90)
+    ap.add_argument("--png", type=in_range(float, 0, 1), default=0.1,
+                    help="share of PNG files (0 to 1)")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise FolderError(args.out, "is a file, not a folder; give a folder to write into")
     rng = np.random.default_rng(args.seed)
     random.seed(args.seed)
     (segmentation if args.segmentation else classification)(args, rng)
     print("wrote", args.out)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli("make-image-folder.py", main))

@@ -14,6 +14,8 @@ Pillow's decode of the same file converted to RGB:
   Pillow's convert('RGB').
 - PNG (RGB, RGBA, LA, L, P, 16-bit gray, 1-bit): exactly equal to
   convert('RGB') (alpha dropped, 16-bit samples' high byte).
+- scripts/make-image-folder.py refuses values that would write nothing and
+  a file where its folder goes, in one line (exit 2).
 
 Exit 77 (skipped) if Pillow is missing or gpipe was built without image
 decoding; 1 on any difference.
@@ -145,6 +147,32 @@ def main():
     # a palette PNG as a mask keeps the index
     p = os.path.join(tmp, "p.png")
     compare("p.png as a mask (palette index)", p, np.asarray(Image.open(p)), 1)
+
+    # scripts/make-image-folder.py, the images' other writer: values that
+    # would write nothing (it said "wrote"), and a file for the folder (a
+    # traceback), are one line and exit 2
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "scripts", "make-image-folder.py")
+    afile = os.path.join(tmp, "afile")
+    open(afile, "w").close()
+    for args, want in ((["--classes", "0"], "--classes: '0': give a whole number from 2 up"),
+                       (["--train", "0"], "--train: '0': give a whole number from 1 up"),
+                       (["--png", "2"], "--png: '2': give a number from 0 to 1"),
+                       (["--quality", "500"], "--quality: '500': give a whole number from 1 "
+                                              "to 100")):
+        out = os.path.join(tmp, "folder")
+        r = subprocess.run([sys.executable, script, out] + args, capture_output=True, text=True)
+        checks += 1
+        if not (r.returncode == 2 and want in r.stderr and len(r.stderr.splitlines()) == 1
+                and not os.path.exists(out)):
+            failures += 1
+            print("FAIL: make-image-folder.py %s: exit %d: %s" % (args, r.returncode, r.stderr))
+    r = subprocess.run([sys.executable, script, afile], capture_output=True, text=True)
+    checks += 1
+    if not (r.returncode == 2 and "is a file, not a folder" in r.stderr and
+            "Traceback" not in r.stderr):
+        failures += 1
+        print("FAIL: make-image-folder.py onto a file: exit %d: %s" % (r.returncode, r.stderr))
 
     print("test_image_ref: %d passed, %d failed" % (checks - failures, failures))
     if not failures:
