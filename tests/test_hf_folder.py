@@ -128,6 +128,36 @@ def resplit(ts, names, rows, cols):
         at += r * cols * 4
 
 
+def config_variant(d, src, name, edit):
+    """A copy of folder src whose config.json edit(dict) rewrote."""
+    v = os.path.join(d, name)
+    shutil.copytree(src, v)
+    p = os.path.join(v, "config.json")
+    c = json.load(open(p))
+    edit(c)
+    json.dump(c, open(p, "w"))
+    return v
+
+
+def config_json(d, src):
+    """The folder's config.json against the model, as transformers reads it: a key left out
+    takes LlamaConfig's default (tie_word_embeddings false: the untied folder without it
+    loads; gpipe took true and refused it), and a missing or mistyped size is named as such
+    (it read as -1: "vocab_size -1")."""
+    v = config_variant(d, src, "notie", lambda c: c.pop("tie_word_embeddings"))
+    rc, err = gpipe([yaml(d, "nt.yaml", False, v)])
+    check(rc == 0, "a folder without tie_word_embeddings loads untied: rc %s %r" % (rc, err[-300:]))
+    v = config_variant(d, src, "novocab", lambda c: c.pop("vocab_size"))
+    rc, err = gpipe([yaml(d, "nv.yaml", False, v)])
+    want = "vocab_size absent (transformers uses 32000; this model: model.llama.vocab 256)"
+    check(rc > 0 and want in err, "no vocab_size: %r: rc %s %r" % (want, rc, err[-400:]))
+    v = config_variant(d, src, "strsize", lambda c: c.update(hidden_size="32"))
+    rc, err = gpipe([yaml(d, "ss.yaml", False, v)])
+    check(rc > 0 and "config.json:" in err and "hidden_size is a string" in err and "-1" not in err,
+          "hidden_size \"32\" is named a string: rc %s %r" % (rc, err[-400:]))
+
+
+
 def main():
     d = tempfile.mkdtemp(prefix="gpipe_hffolder_")
     try:
@@ -143,6 +173,7 @@ def main():
               "the export's q and k are 32 and 16 rows")
         rc, err = gpipe([yaml(d, "u.yaml", False, src)])
         check(rc == 0, "the untied model loads the untied folder: rc %s %r" % (rc, err[-300:]))
+        config_json(d, src)
 
         def variant(name, edit):
             v = os.path.join(d, name)

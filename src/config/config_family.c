@@ -816,9 +816,11 @@ static gp_status llama_sizes(gp_cfg_walk *w, const gp_ynode *g, const llama_src 
     const char *gs = "model.llama";
     const gp_json_value *cj = s->cfg.json;
     int64_t layers;
-    GP_TRY(llama_int(w, g, s, NULL, "layers", "num_hidden_layers", 32, 1, 10000, &layers));
+    GP_TRY(llama_int(w, g, s, NULL, "layers", "num_hidden_layers", GP_HF_LLAMA_LAYERS, 1, 10000,
+                     &layers));
     o->layers = (int)layers;
-    GP_TRY(llama_int(w, g, s, NULL, "heads", "num_attention_heads", 32, 1, 1 << 16, &o->heads));
+    GP_TRY(llama_int(w, g, s, NULL, "heads", "num_attention_heads", GP_HF_LLAMA_HEADS, 1,
+                     1 << 16, &o->heads));
     /* kv_heads: the YAML's; as many as the YAML's heads where it gives
      * heads; else config.json's num_key_value_heads (absent or null: as
      * many as its heads, as LlamaConfig takes it) */
@@ -826,32 +828,34 @@ static gp_status llama_sizes(gp_cfg_walk *w, const gp_ynode *g, const llama_src 
     bool kv_file = cj && gp_cfg_absent(gp_ymap_get(g, "heads")) && kv && kv->kind != GP_JSON_NULL;
     GP_TRY(llama_int(w, g, s, NULL, "kv_heads", kv_file ? "num_key_value_heads" : NULL, o->heads,
                      1, 1 << 16, &o->kv_heads));
-    GP_TRY(llama_int(w, g, s, NULL, "width", "hidden_size", 4096, 1, (int64_t)1 << 20,
-                     &o->width));
-    GP_TRY(llama_int(w, g, s, NULL, "intermediate", "intermediate_size", 11008, 1,
-                     (int64_t)1 << 24, &o->intermediate));
-    GP_TRY(llama_int(w, g, s, NULL, "vocab", "vocab_size", 32000, 1, (int64_t)1 << 24,
-                     &o->vocab));
-    GP_TRY(llama_int(w, g, s, NULL, "positions", "max_position_embeddings", 2048, 1,
-                     (int64_t)1 << 40, &o->positions));
+    GP_TRY(llama_int(w, g, s, NULL, "width", "hidden_size", GP_HF_LLAMA_WIDTH, 1,
+                     (int64_t)1 << 20, &o->width));
+    GP_TRY(llama_int(w, g, s, NULL, "intermediate", "intermediate_size",
+                     GP_HF_LLAMA_INTERMEDIATE, 1, (int64_t)1 << 24, &o->intermediate));
+    GP_TRY(llama_int(w, g, s, NULL, "vocab", "vocab_size", GP_HF_LLAMA_VOCAB, 1,
+                     (int64_t)1 << 24, &o->vocab));
+    GP_TRY(llama_int(w, g, s, NULL, "positions", "max_position_embeddings",
+                     GP_HF_LLAMA_POSITIONS, 1, (int64_t)1 << 40, &o->positions));
     /* rope_theta: config.json's, or its rope_parameters' (transformers 5) */
     const gp_json_value *rp = cj ? gp_json_get(cj, "rope_parameters") : NULL;
     bool theta_rp = cj && !gp_json_get(cj, "rope_theta") && rp && rp->kind == GP_JSON_OBJECT &&
                     gp_json_get(rp, "rope_theta");
-    GP_TRY(llama_float(w, g, s, theta_rp ? rp : NULL, "rope_theta", "rope_theta", 10000, 1,
-                       &o->rope_theta));
-    GP_TRY(llama_float(w, g, s, NULL, "rms_eps", "rms_norm_eps", 1e-6, 0, &o->rms_eps));
+    GP_TRY(llama_float(w, g, s, theta_rp ? rp : NULL, "rope_theta", "rope_theta",
+                       GP_HF_LLAMA_ROPE_THETA, 1, &o->rope_theta));
+    GP_TRY(llama_float(w, g, s, NULL, "rms_eps", "rms_norm_eps", GP_HF_LLAMA_RMS_EPS, 0,
+                       &o->rms_eps));
     GP_TRY(gp_cfg_get_float(w, g, gs, "std", 0.02f, 0, INFINITY, GP_CFG_LO_OPEN, &o->std));
     if (cj && gp_cfg_absent(gp_ymap_get(g, "tie"))) {
         /* (false where the file leaves it out: LlamaConfig's and
          * Qwen2Config's default, which transformers applies to these
          * folders; PretrainedConfig's true is for other models) */
-        if (gp_hf_config_bool(&s->cfg, NULL, "tie_word_embeddings", false, &o->tie) != GP_OK)
+        if (gp_hf_config_bool(&s->cfg, NULL, "tie_word_embeddings", GP_HF_LLAMA_TIE,
+                              &o->tie) != GP_OK)
             return llama_src_bad(w, s, "tie");
         gp_cfg_note(w, "model.llama.tie = %s (%s: tie_word_embeddings)",
                     o->tie ? "true" : "false", s->cfg.path);
     } else {
-        GP_TRY(gp_cfg_get_bool(w, g, gs, "tie", false, &o->tie)); /* LlamaConfig's default */
+        GP_TRY(gp_cfg_get_bool(w, g, gs, "tie", GP_HF_LLAMA_TIE, &o->tie));
     }
     /* q, k and v biases: Qwen2's folders have them (model_type qwen2);
      * LlamaConfig's attention_bias puts one on o_proj too, and mlp_bias on

@@ -60,4 +60,20 @@ gp_status gp_hf_config_num(const gp_hf_config *c, const gp_json_value *obj, cons
 gp_status gp_hf_config_bool(const gp_hf_config *c, const gp_json_value *obj, const char *key,
                             bool def, bool *out);
 
+/* LlamaConfig's defaults (transformers), which transformers applies to a
+ * Llama-family folder's config.json (Llama, Mistral, Qwen2) where it leaves
+ * the key out: the config parser's model.llama defaults and the weights
+ * loader's comparison both take them from here, so a key left out means
+ * the same to both (tie_word_embeddings: LlamaConfig's and Qwen2Config's
+ * false, not PretrainedConfig's true). */
+#define GP_HF_LLAMA_LAYERS 32          /* num_hidden_layers */
+#define GP_HF_LLAMA_HEADS 32           /* num_attention_heads */
+#define GP_HF_LLAMA_WIDTH 4096         /* hidden_size */
+#define GP_HF_LLAMA_INTERMEDIATE 11008 /* intermediate_size */
+#define GP_HF_LLAMA_VOCAB 32000        /* vocab_size */
+#define GP_HF_LLAMA_POSITIONS 2048     /* max_position_embeddings */
+#define GP_HF_LLAMA_ROPE_THETA 10000.0 /* rope_theta */
+#define GP_HF_LLAMA_RMS_EPS 1e-6       /* rms_norm_eps */
+#define GP_HF_LLAMA_TIE false          /* tie_word_embeddings */
+
 #endif

@@ -27,6 +27,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -343,107 +344,157 @@ static bool llama_tied(const gp_wmodel *m)
     return false;
 }
 
-/* Each difference appended to msg: "name = file (model.llama.key: model)". */
-static void differ(char *msg, size_t len, const char *key, double file, double model,
-                   const char *ours)
+/* config.json against the model: its differences, in msg. */
+typedef struct cfg_cmp {
+    const gp_hf_config *hc;
+    char msg[1500];
+} cfg_cmp;
+
+enum {
+    CMP_BOOL = 1,       /* true or false (else a number) */
+    CMP_NULL_DEF = 2,   /* null reads as absent (num_key_value_heads) */
+    CMP_LLAMA3_DEF = 4, /* the default is Llama 3's (rope_scaling's keys), not LlamaConfig's */
+};
+
+static void cmp_note(cfg_cmp *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void cmp_note(cfg_cmp *c, const char *fmt, ...)
 {
-    bool same = fabs(file - model) <= 1e-6 * fmax(fabs(file), fabs(model));
-    if (same) return;
-    size_t at = strlen(msg);
-    snprintf(msg + at, len - at, "%s%s %.10g (this model: %s %.10g)", at ? "; " : "", key, file,
-             ours, model);
+    size_t at = strlen(c->msg);
+    if (at + 3 >= sizeof c->msg) return;
+    if (at) at += (size_t)snprintf(c->msg + at, sizeof c->msg - at, "; ");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->msg + at, sizeof c->msg - at, fmt, ap);
+    va_end(ap);
 }
 
-static double num_of(const gp_json_value *cfg, const char *key, double def)
+static const char *cmp_value(char *buf, size_t len, int flags, double v)
 {
-    const gp_json_value *v = gp_json_get(cfg, key);
-    if (v && v->kind == GP_JSON_NUMBER) return v->num;
-    if (v && (v->kind == GP_JSON_TRUE || v->kind == GP_JSON_FALSE)) return v->kind == GP_JSON_TRUE;
-    return def;
+    if (flags & CMP_BOOL) snprintf(buf, len, "%s", v != 0 ? "true" : "false");
+    else snprintf(buf, len, "%.10g", v);
+    return buf;
 }
 
+/* config.json's `key` in obj (the file's object where NULL), shown as
+ * `label`, against the model's value, set by model.llama key `ours`: a
+ * difference noted, with the file's value or, where the file leaves the
+ * key out, the one transformers takes then (def: the config parser's
+ * default, GP_HF_LLAMA_*); a value of the wrong type is an error naming
+ * the file, its line and column and the type (issue: a missing or wrong
+ * value read as -1, "vocab_size -1"). */
+static gp_status cmp_key(cfg_cmp *c, const gp_json_value *obj, const char *key, const char *label,
+                         int flags, double def, double model, const char *ours)
+{
+    const gp_json_value *v = gp_json_get(obj ? obj : c->hc->json, key);
+    bool absent = !v || ((flags & CMP_NULL_DEF) && v->kind == GP_JSON_NULL);
+    double file = def;
+    if (!absent && (flags & CMP_BOOL)) {
+        bool b;
+        GP_TRY(gp_hf_config_bool(c->hc, obj, key, def != 0, &b));
+        file = b;
+    } else if (!absent) {
+        GP_TRY(gp_hf_config_num(c->hc, obj, key, def, -INFINITY, INFINITY, false, &file));
+    }
+    if (fabs(file - model) <= 1e-6 * fmax(fabs(file), fabs(model))) return GP_OK;
+    char fv[32], mv[32];
+    cmp_value(fv, sizeof fv, flags, file);
+    cmp_value(mv, sizeof mv, flags, model);
+    if (!absent) cmp_note(c, "%s %s (this model: %s %s)", label, fv, ours, mv);
+    else
+        cmp_note(c, "%s absent (%s %s; this model: %s %s)", label,
+                 flags & CMP_LLAMA3_DEF ? "taken as Llama 3's" : "transformers uses", fv, ours,
+                 mv);
+    return GP_OK;
+}
+
+/* The sizes: embedding, blocks, attention, MLP, norm. */
+static gp_status cmp_sizes(cfg_cmp *c, const gp_wmodel *m)
+{
+    const gp_layer *emb = first_of(m, GP_LAYER_EMBEDDING), *att = first_of(m, GP_LAYER_ATTENTION);
+    const gp_layer *rms = first_of(m, GP_LAYER_RMS_NORM), *sw = first_of(m, GP_LAYER_SWIGLU);
+    if (emb) {
+        GP_TRY(cmp_key(c, NULL, "hidden_size", "hidden_size", 0, GP_HF_LLAMA_WIDTH,
+                       (double)emb->spec.dim, "model.llama.width"));
+        GP_TRY(cmp_key(c, NULL, "vocab_size", "vocab_size", 0, GP_HF_LLAMA_VOCAB,
+                       (double)emb->spec.vocab, "model.llama.vocab"));
+    }
+    GP_TRY(cmp_key(c, NULL, "num_hidden_layers", "num_hidden_layers", 0, GP_HF_LLAMA_LAYERS,
+                   llama_blocks(m), "model.llama.layers"));
+    if (att) {
+        double h = GP_HF_LLAMA_HEADS;
+        GP_TRY(gp_hf_config_num(c->hc, NULL, "num_attention_heads", h, -INFINITY, INFINITY,
+                                false, &h));
+        GP_TRY(cmp_key(c, NULL, "num_attention_heads", "num_attention_heads", 0,
+                       GP_HF_LLAMA_HEADS, (double)att->spec.heads, "model.llama.heads"));
+        GP_TRY(cmp_key(c, NULL, "num_key_value_heads", "num_key_value_heads", CMP_NULL_DEF, h,
+                       (double)(att->spec.kv_heads ? att->spec.kv_heads : att->spec.heads),
+                       "model.llama.kv_heads"));
+    }
+    if (sw && sw->out_shape.ndim > 0)
+        GP_TRY(cmp_key(c, NULL, "intermediate_size", "intermediate_size", 0,
+                       GP_HF_LLAMA_INTERMEDIATE, (double)sw->out_shape.dims[sw->out_shape.ndim - 1],
+                       "model.llama.intermediate"));
+    if (rms)
+        GP_TRY(cmp_key(c, NULL, "rms_norm_eps", "rms_norm_eps", 0, GP_HF_LLAMA_RMS_EPS,
+                       (double)rms->spec.eps, "model.llama.rms_eps"));
+    return GP_OK;
+}
+
+/* rope_theta and rope_scaling (transformers 5: rope_parameters). */
+static gp_status cmp_rope(cfg_cmp *c, const gp_layer *rope)
+{
+    const gp_json_value *cfg = c->hc->json;
+    const gp_json_value *rs = gp_json_get(cfg, "rope_scaling");
+    const gp_json_value *rp = gp_json_get(cfg, "rope_parameters"); /* transformers 5 */
+    bool theta_rp = !gp_json_get(cfg, "rope_theta") && rp && rp->kind == GP_JSON_OBJECT &&
+                    gp_json_get(rp, "rope_theta");
+    GP_TRY(cmp_key(c, theta_rp ? rp : NULL, "rope_theta", "rope_theta", 0,
+                   GP_HF_LLAMA_ROPE_THETA, (double)rope->spec.rope_theta,
+                   "model.llama.rope_theta"));
+    const gp_json_value *sc = rs && rs->kind == GP_JSON_OBJECT   ? rs
+                              : rp && rp->kind == GP_JSON_OBJECT ? rp
+                                                                 : NULL;
+    const gp_json_value *ty = sc ? gp_json_get(sc, "rope_type") : NULL;
+    if (!ty && sc) ty = gp_json_get(sc, "type");
+    bool l3 = ty && ty->kind == GP_JSON_STRING && !strcmp(ty->str, "llama3");
+    bool other = ty && ty->kind == GP_JSON_STRING && !l3 && strcmp(ty->str, "default");
+    if (other) cmp_note(c, "rope_scaling of rope_type '%s' (gpipe has llama3's)", ty->str);
+    if (l3 != rope->spec.rope_llama3)
+        cmp_note(c, "rope_scaling (llama3) %s (this model: model.llama.rope_scaling %s)",
+                 l3 ? "given" : "not given", rope->spec.rope_llama3 ? "given" : "not given");
+    if (!l3 || !rope->spec.rope_llama3) return GP_OK;
+    GP_TRY(cmp_key(c, sc, "factor", "rope_scaling.factor", CMP_LLAMA3_DEF, 8,
+                   rope->spec.rope_factor, "model.llama.rope_scaling.factor"));
+    GP_TRY(cmp_key(c, sc, "low_freq_factor", "rope_scaling.low_freq_factor", CMP_LLAMA3_DEF, 1,
+                   rope->spec.rope_low_freq, "model.llama.rope_scaling.low_freq_factor"));
+    GP_TRY(cmp_key(c, sc, "high_freq_factor", "rope_scaling.high_freq_factor", CMP_LLAMA3_DEF,
+                   4, rope->spec.rope_high_freq, "model.llama.rope_scaling.high_freq_factor"));
+    return cmp_key(c, sc, "original_max_position_embeddings",
+                   "rope_scaling.original_max_position_embeddings", CMP_LLAMA3_DEF, 8192,
+                   (double)rope->spec.rope_orig_positions,
+                   "model.llama.rope_scaling.original_positions");
+}
+
+/* dir's config.json against the model: every size that differs named,
+ * with the model.llama key that sets it. */
 static gp_status check_config(const gp_wmodel *m, const char *dir)
 {
     gp_hf_config hc; /* the one reader of config.json (core/hf_config.h) */
-    gp_status rd = gp_hf_config_read(dir, &hc);
-    if (rd != GP_OK) {
+    gp_status st = gp_hf_config_read(dir, &hc);
+    if (st != GP_OK || !hc.json) { /* (none: the tensors' shapes are checked as they load) */
         gp_hf_config_free(&hc);
-        return rd;
+        return st;
     }
-    if (!hc.json) return GP_OK; /* the tensors' shapes are checked as they load */
-    gp_json_value *cfg = hc.json;
-    const char *p = hc.path;
-    const gp_layer *emb = first_of(m, GP_LAYER_EMBEDDING), *att = first_of(m, GP_LAYER_ATTENTION);
-    const gp_layer *rope = first_of(m, GP_LAYER_ROPE), *rms = first_of(m, GP_LAYER_RMS_NORM);
-    const gp_layer *sw = first_of(m, GP_LAYER_SWIGLU);
-    int blocks = llama_blocks(m);
-    bool tied = llama_tied(m);
-    char msg[1500] = "";
-    if (emb) {
-        differ(msg, sizeof msg, "hidden_size", num_of(cfg, "hidden_size", -1),
-               (double)emb->spec.dim, "model.llama.width");
-        differ(msg, sizeof msg, "vocab_size", num_of(cfg, "vocab_size", -1),
-               (double)emb->spec.vocab, "model.llama.vocab");
-    }
-    differ(msg, sizeof msg, "num_hidden_layers", num_of(cfg, "num_hidden_layers", -1), blocks,
-           "model.llama.layers");
-    if (att) {
-        double h = num_of(cfg, "num_attention_heads", -1);
-        differ(msg, sizeof msg, "num_attention_heads", h, (double)att->spec.heads,
-               "model.llama.heads");
-        differ(msg, sizeof msg, "num_key_value_heads", num_of(cfg, "num_key_value_heads", h),
-               (double)(att->spec.kv_heads ? att->spec.kv_heads : att->spec.heads),
-               "model.llama.kv_heads");
-    }
-    if (sw && sw->out_shape.ndim > 0)
-        differ(msg, sizeof msg, "intermediate_size", num_of(cfg, "intermediate_size", -1),
-               (double)sw->out_shape.dims[sw->out_shape.ndim - 1], "model.llama.intermediate");
-    if (rms)
-        differ(msg, sizeof msg, "rms_norm_eps", num_of(cfg, "rms_norm_eps", 1e-6),
-               (double)rms->spec.eps, "model.llama.rms_eps");
-    const gp_json_value *rs = gp_json_get(cfg, "rope_scaling");
-    const gp_json_value *rp = gp_json_get(cfg, "rope_parameters"); /* transformers 5 */
-    double theta = num_of(cfg, "rope_theta", rp ? num_of(rp, "rope_theta", 10000) : 10000);
-    if (rope) {
-        differ(msg, sizeof msg, "rope_theta", theta, (double)rope->spec.rope_theta,
-               "model.llama.rope_theta");
-        const gp_json_value *sc = rs && rs->kind == GP_JSON_OBJECT ? rs
-                                  : rp && rp->kind == GP_JSON_OBJECT ? rp
-                                                                       : NULL;
-        const gp_json_value *ty = sc ? gp_json_get(sc, "rope_type") : NULL;
-        if (!ty && sc) ty = gp_json_get(sc, "type");
-        bool l3 = ty && ty->kind == GP_JSON_STRING && !strcmp(ty->str, "llama3");
-        bool other = ty && ty->kind == GP_JSON_STRING && !l3 && strcmp(ty->str, "default");
-        if (other) {
-            size_t at = strlen(msg);
-            snprintf(msg + at, sizeof msg - at, "%srope_scaling of rope_type '%s' (gpipe has "
-                     "llama3's)", at ? "; " : "", ty->str);
-        }
-        differ(msg, sizeof msg, "rope_scaling (llama3)", l3, rope->spec.rope_llama3,
-               "model.llama.rope_scaling given");
-        if (l3 && rope->spec.rope_llama3) {
-            differ(msg, sizeof msg, "rope_scaling.factor", num_of(sc, "factor", 8),
-                   rope->spec.rope_factor, "model.llama.rope_scaling.factor");
-            differ(msg, sizeof msg, "rope_scaling.low_freq_factor",
-                   num_of(sc, "low_freq_factor", 1), rope->spec.rope_low_freq,
-                   "model.llama.rope_scaling.low_freq_factor");
-            differ(msg, sizeof msg, "rope_scaling.high_freq_factor",
-                   num_of(sc, "high_freq_factor", 4), rope->spec.rope_high_freq,
-                   "model.llama.rope_scaling.high_freq_factor");
-            differ(msg, sizeof msg, "rope_scaling.original_max_position_embeddings",
-                   num_of(sc, "original_max_position_embeddings", 8192),
-                   (double)rope->spec.rope_orig_positions,
-                   "model.llama.rope_scaling.original_positions");
-        }
-    }
-    differ(msg, sizeof msg, "tie_word_embeddings", num_of(cfg, "tie_word_embeddings", 1), tied,
-           "model.llama.tie");
-    if (!msg[0]) {
-        gp_hf_config_free(&hc);
-        return GP_OK;
-    }
-    gp_status st = gp_error_set(GP_ERR_INVALID, "%s does not describe this model: %s; set the "
-                                "model.llama keys named to the folder's values", p, msg);
+    cfg_cmp c = {.hc = &hc};
+    const gp_layer *rope = first_of(m, GP_LAYER_ROPE);
+    st = cmp_sizes(&c, m);
+    if (st == GP_OK && rope) st = cmp_rope(&c, rope);
+    if (st == GP_OK)
+        st = cmp_key(&c, NULL, "tie_word_embeddings", "tie_word_embeddings", CMP_BOOL,
+                     GP_HF_LLAMA_TIE, llama_tied(m), "model.llama.tie");
+    if (st == GP_OK && c.msg[0])
+        st = gp_error_set(GP_ERR_INVALID, "%s does not describe this model: %s; set the "
+                          "model.llama keys named to the folder's values", hc.path, c.msg);
     gp_hf_config_free(&hc);
     return st;
 }
