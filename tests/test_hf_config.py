@@ -15,7 +15,11 @@ Valid files must work: one larger than 1 MiB (a long id2label map, as
 transformers loads), and a key given twice takes the last value (Python's
 rule; gpipe took the first); the sizes the YAML gives still win over the
 file's; a folder without config.json is an error only where the YAML
-leaves a size out.
+leaves a size out.  What the sizes do not show is refused by name too:
+another model_type than llama, mistral or qwen2, a hidden_act other than
+silu, a head_dim other than hidden_size / num_attention_heads, a sliding
+window shorter than the sequence (Mistral's; Qwen2's under
+use_sliding_window).
 
 Needs GPIPE_BINARY_DIR (set by CTest).  Prints "test_hf_config: N passed,
 N failed" last.
@@ -119,6 +123,36 @@ def main():
         check(rc == 0 and params_of(out) == GOOD_PARAMS + 256 * 64 and
               "model.llama.tie = false (%s: tie_word_embeddings)" % cj in out + err,
               "no tie_word_embeddings: untied, %r parameters: %r" % (params_of(out), err[-300:]))
+
+        # the architecture the sizes do not show: another family, activation,
+        # head width or a sliding window within the 16 positions is refused
+        # naming the key and its value (each loaded and gave another loss, or
+        # a shape error about q_proj); what model.llama builds plans
+        for edit, needles in (({"hidden_act": "gelu"}, ["hidden_act = 'gelu'", "silu"]),
+                              ({"model_type": "gemma"},
+                               ["model_type = 'gemma'", "llama, mistral or qwen2"]),
+                              ({"model_type": 7}, ["model_type is a number; it must be a string"]),
+                              ({"head_dim": 32}, ["head_dim = 32", "64 / 4"]),
+                              ({"model_type": "mistral", "sliding_window": 8},
+                               ["sliding_window = 8", "16 long"]),
+                              ({"model_type": "qwen2", "use_sliding_window": True,
+                                "sliding_window": 4}, ["sliding_window = 4", "use_sliding_window"])):
+            c = dict(GOOD)
+            c.update(edit)
+            put(json.dumps(c))
+            refused(d, cfg, "%r" % edit, [cj] + needles)
+        for edit in ({"hidden_act": "silu", "head_dim": 16, "model_type": "llama"},
+                     {"model_type": "mistral", "sliding_window": 16},
+                     {"model_type": "mistral", "sliding_window": None},
+                     {"model_type": "mistral"},  # (MistralConfig's 4096)
+                     {"model_type": "qwen2", "use_sliding_window": False, "sliding_window": 4},
+                     {"model_type": "llama", "sliding_window": 4}):  # (LlamaConfig has none)
+            c = dict(GOOD)
+            c.update(edit)
+            put(json.dumps(c))
+            rc, out, err = run("gpipe-train", [cfg, "--dry-run"])
+            check(rc == 0, "%r plans: rc %s %r" % (edit, rc, err[-300:]))
+        put(good)
 
         # (1) hangs and crashes: a FIFO in every tool; num_attention_heads 0
         os.remove(cj)

@@ -158,6 +158,30 @@ def config_json(d, src):
 
 
 
+def config_arch(d, src):
+    """What the sizes do not show, checked by the loader too, where no YAML names the folder
+    (gpipe-sample --weights D): another family, activation, head width or a sliding window
+    within the sequence is refused naming the key (each loaded and gave another loss, or a
+    shape error about q_proj); test_hf_config.py has the parser's cases."""
+    for name, edit, needle in (("gelu", {"hidden_act": "gelu"}, "hidden_act = 'gelu'"),
+                               ("gemma", {"model_type": "gemma"}, "model_type = 'gemma'"),
+                               ("headdim", {"head_dim": 16}, "head_dim = 16"),
+                               ("window", {"model_type": "mistral", "sliding_window": 8},
+                                "sliding_window = 8")):
+        v = config_variant(d, src, "arch_" + name, lambda c: c.update(edit))
+        r = subprocess.run([os.path.join(BIN, "gpipe-sample"), yaml(d, "as.yaml", False),
+                            "--weights", v, "--prompt-ids", "1,2", "--tokens", "1"],
+                           capture_output=True, text=True, errors="replace", timeout=120)
+        check(r.returncode > 0 and needle in r.stderr and "config.json" in r.stderr,
+              "gpipe-sample --weights, %s: refused naming %r: rc %s %r"
+              % (name, needle, r.returncode, r.stderr[-400:]))
+    v = config_variant(d, src, "arch_ok", lambda c: c.update(model_type="mistral",
+                                                             sliding_window=16, head_dim=8))
+    rc, err = gpipe([yaml(d, "ao.yaml", False, v)])
+    check(rc == 0, "a Mistral folder whose window spans the sequence loads: rc %s %r"
+          % (rc, err[-300:]))
+
+
 def main():
     d = tempfile.mkdtemp(prefix="gpipe_hffolder_")
     try:
@@ -174,6 +198,7 @@ def main():
         rc, err = gpipe([yaml(d, "u.yaml", False, src)])
         check(rc == 0, "the untied model loads the untied folder: rc %s %r" % (rc, err[-300:]))
         config_json(d, src)
+        config_arch(d, src)
 
         def variant(name, edit):
             v = os.path.join(d, name)

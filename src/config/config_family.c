@@ -954,6 +954,10 @@ static gp_status parse_llama(gp_cfg_walk *w, const gp_ynode *m, gp_model_config 
     llama_src src;
     gp_status st = llama_src_open(w, m, g, &src);
     if (st == GP_OK) st = llama_sizes(w, g, &src, &o);
+    /* what the sizes do not say: another family, activation, head width
+     * or a sliding window, refused before the model is built */
+    if (st == GP_OK && src.cfg.json && gp_hf_llama_supported(&src.cfg, mc->input[0]) != GP_OK)
+        st = llama_src_bad(w, &src, NULL);
     if (st == GP_OK && src.cfg.json) { /* for snapshots (gp_model_config.hf_config) */
         free(mc->hf_config);
         mc->hf_config = src.cfg.text;

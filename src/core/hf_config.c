@@ -181,3 +181,82 @@ gp_status gp_hf_config_bool(const gp_hf_config *c, const gp_json_value *obj, con
                         where(c, v, key, at, sizeof at),
                         v->kind == GP_JSON_NUMBER ? "a number other than 0 and 1" : kind_name(v->kind));
 }
+
+/* config.json's string `key` (NULL where absent or null), or an error. */
+static gp_status str_of(const gp_hf_config *c, const char *key, const char **out)
+{
+    const gp_json_value *v = gp_json_get(c->json, key);
+    *out = NULL;
+    if (!v || v->kind == GP_JSON_NULL) return GP_OK;
+    char at[1300];
+    if (v->kind != GP_JSON_STRING)
+        return gp_error_set(GP_ERR_DATA, "%s is %s; it must be a string",
+                            where(c, v, key, at, sizeof at),
+                            v->kind == GP_JSON_NUMBER ? "a number" : kind_name(v->kind));
+    *out = v->str;
+    return GP_OK;
+}
+
+/* The sliding window transformers applies (0: none), and the key that sets it. */
+static gp_status sliding_window(const gp_hf_config *c, const char *type, int64_t *window)
+{
+    *window = 0;
+    bool use = !strcmp(type, "mistral"); /* (LlamaConfig has none) */
+    if (!strcmp(type, "qwen2"))
+        GP_TRY(gp_hf_config_bool(c, NULL, "use_sliding_window", false, &use));
+    if (!use) return GP_OK;
+    const gp_json_value *v = gp_json_get(c->json, "sliding_window");
+    if (v && v->kind == GP_JSON_NULL) return GP_OK; /* MistralConfig's and Qwen2Config's none */
+    /* (absent: 4096, MistralConfig's and Qwen2Config's default) */
+    return gp_hf_config_int(c, NULL, "sliding_window", 4096, 1, INT64_MAX, window);
+}
+
+gp_status gp_hf_llama_supported(const gp_hf_config *c, int64_t T)
+{
+    const char *type, *act;
+    char at[1300];
+    GP_TRY(str_of(c, "model_type", &type));
+    if (type && strcmp(type, "llama") && strcmp(type, "mistral") && strcmp(type, "qwen2"))
+        return gp_error_set(GP_ERR_UNSUPPORTED, "%s = '%s': model.llama builds Llama, Mistral "
+                            "and Qwen2 (model_type llama, mistral or qwen2); another family's "
+                            "tensors have the same names and are used otherwise (Gemma's "
+                            "embedding is scaled by sqrt(hidden_size), its norms by 1 + "
+                            "weight), so they would load into another model",
+                            where(c, gp_json_get(c->json, "model_type"), "model_type", at,
+                                  sizeof at), type);
+    GP_TRY(str_of(c, "hidden_act", &act));
+    if (act && strcmp(act, "silu") && strcmp(act, "swish")) /* (the same in transformers) */
+        return gp_error_set(GP_ERR_UNSUPPORTED, "%s = '%s': model.llama's MLP is SwiGLU, "
+                            "silu(gate_proj(x)) * up_proj(x) (hidden_act silu); gpipe has no "
+                            "other activation there",
+                            where(c, gp_json_get(c->json, "hidden_act"), "hidden_act", at,
+                                  sizeof at), act);
+    const gp_json_value *hd = gp_json_get(c->json, "head_dim");
+    if (hd && hd->kind != GP_JSON_NULL) {
+        int64_t d, width, heads;
+        GP_TRY(gp_hf_config_int(c, NULL, "head_dim", 0, 1, 1 << 20, &d));
+        GP_TRY(gp_hf_config_int(c, NULL, "hidden_size", GP_HF_LLAMA_WIDTH, 1, (int64_t)1 << 20,
+                                &width));
+        GP_TRY(gp_hf_config_int(c, NULL, "num_attention_heads", GP_HF_LLAMA_HEADS, 1, 1 << 16,
+                                &heads));
+        if (d * heads != width)
+            return gp_error_set(GP_ERR_UNSUPPORTED, "%s = %lld, but hidden_size / "
+                                "num_attention_heads is %lld / %lld: model.llama's heads are "
+                                "hidden_size / num_attention_heads wide (it has no head_dim "
+                                "of its own), and the folder's q_proj, %lld x %lld, does not "
+                                "fit it", where(c, hd, "head_dim", at, sizeof at), (long long)d,
+                                (long long)width, (long long)heads, (long long)(d * heads),
+                                (long long)width);
+    }
+    int64_t window;
+    GP_TRY(sliding_window(c, type ? type : "llama", &window));
+    if (window > 0 && window < T)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "%s: sliding_window = %lld (model_type %s%s): "
+                            "each token attends to the %lld up to it, and this model's "
+                            "sequences are %lld long, but gpipe's attention sees the whole "
+                            "sequence (it has no sliding window): give model.input a length "
+                            "of at most %lld", c->path, (long long)window, type,
+                            strcmp(type, "qwen2") ? "" : ", use_sliding_window true",
+                            (long long)window, (long long)T, (long long)window);
+    return GP_OK;
+}

@@ -76,4 +76,16 @@ gp_status gp_hf_config_bool(const gp_hf_config *c, const gp_json_value *obj, con
 #define GP_HF_LLAMA_RMS_EPS 1e-6       /* rms_norm_eps */
 #define GP_HF_LLAMA_TIE false          /* tie_word_embeddings */
 
+/* Whether c, a Llama-family folder's config.json, describes what model.llama
+ * builds, beyond the sizes (a folder that does not loaded and gave another
+ * loss): model_type llama, mistral or qwen2, or none (Gemma's, Phi's and
+ * others' have tensors of the same names that are used otherwise);
+ * hidden_act silu (SwiGLU's silu(gate) * up); head_dim absent, null or
+ * hidden_size / num_attention_heads (gpipe's heads are that wide); and no
+ * sliding window (Mistral's sliding_window, Qwen2's under
+ * use_sliding_window) shorter than T, the longest sequence the model
+ * attends over (within T a window of T or more masks nothing).  An error
+ * naming the file, the key, its value and what gpipe builds. */
+gp_status gp_hf_llama_supported(const gp_hf_config *c, int64_t T);
+
 #endif

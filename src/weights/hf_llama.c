@@ -486,8 +486,10 @@ static gp_status check_config(const gp_wmodel *m, const char *dir)
         return st;
     }
     cfg_cmp c = {.hc = &hc};
-    const gp_layer *rope = first_of(m, GP_LAYER_ROPE);
-    st = cmp_sizes(&c, m);
+    const gp_layer *rope = first_of(m, GP_LAYER_ROPE), *emb = first_of(m, GP_LAYER_EMBEDDING);
+    /* the architecture first: a Gemma's sizes would be named, not Gemma */
+    st = gp_hf_llama_supported(&hc, emb ? emb->in_shape.dims[1] : 0);
+    if (st == GP_OK) st = cmp_sizes(&c, m);
     if (st == GP_OK && rope) st = cmp_rope(&c, rope);
     if (st == GP_OK)
         st = cmp_key(&c, NULL, "tie_word_embeddings", "tie_word_embeddings", CMP_BOOL,
