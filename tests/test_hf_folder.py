@@ -182,6 +182,45 @@ def config_arch(d, src):
           % (rc, err[-300:]))
 
 
+def gpt_config(d, g):
+    """A GPT-2 folder's config.json is checked against the model as a Llama's is (only its
+    model.safetensors was read: n_head 4 for 2, erf's GELU, layer-scaled attention loaded and
+    gave another loss); a folder without one loads, checked by its tensors' shapes."""
+    src = os.path.join(d, "gpt2_folder")
+    rc, err = gpipe([g, "--export-weights", src, "--export-format", "hf"])
+    check(rc == 0, "GPT-2 exports a folder: rc %s %r" % (rc, err[-300:]))
+    if rc != 0:
+        return
+    for name, edit, needle in (
+            ("heads", {"n_head": 4}, "n_head 4 (this model: model.gpt.heads 2)"),
+            ("positions", {"n_positions": None}, "n_positions is null"),
+            ("nopos", {"n_positions": "drop"},
+             "n_positions absent (transformers uses 1024; this model: model.gpt.positions 16)"),
+            ("gelu", {"activation_function": "gelu"}, "activation_function 'gelu'"),
+            ("eps", {"layer_norm_epsilon": 1e-6}, "layer_norm_epsilon 1e-06"),
+            ("layerscale", {"scale_attn_by_inverse_layer_idx": True},
+             "scale_attn_by_inverse_layer_idx is true"),
+            ("noscale", {"scale_attn_weights": False}, "scale_attn_weights is false"),
+            ("neo", {"model_type": "gpt_neo"}, "model_type 'gpt_neo'")):
+        def apply(c, e=edit):
+            for k, v in e.items():
+                if v == "drop":
+                    c.pop(k, None)
+                else:
+                    c[k] = v
+        v = config_variant(d, src, "gpt_" + name, apply)
+        rc, err = gpipe([g, "--set", "model.init_from=" + v])
+        check(rc > 0 and needle in err and "config.json" in err,
+              "GPT-2 folder, %s: refused naming %r: rc %s %r" % (name, needle, rc, err[-400:]))
+    v = config_variant(d, src, "gpt_ok", lambda c: c.update(
+        activation_function="gelu_pytorch_tanh", reorder_and_upcast_attn=True))
+    rc, err = gpipe([g, "--set", "model.init_from=" + v])
+    check(rc == 0, "GPT-2 folder with gelu_pytorch_tanh loads: rc %s %r" % (rc, err[-300:]))
+    os.remove(os.path.join(v, "config.json"))
+    rc, err = gpipe([g, "--set", "model.init_from=" + v])
+    check(rc == 0, "GPT-2 folder without config.json loads: rc %s %r" % (rc, err[-300:]))
+
+
 def main():
     d = tempfile.mkdtemp(prefix="gpipe_hffolder_")
     try:
@@ -264,6 +303,7 @@ def main():
         want = "tensor '%s'[5] of %s is NaN (gpipe's '%s'[160])" % (ca, gst, ca)
         check(rc > 0 and want in err, "a NaN in GPT-2's c_attn named as the file has it: rc %s "
               "%r" % (rc, err[-500:]))
+        gpt_config(d, g)
 
         # 7: a tied model and a folder with its own head, whose config.json
         # says tied (else that check names tie_word_embeddings first)

@@ -2007,12 +2007,17 @@ gp_status gp_snapshot_init_from(gp_model *m, const char *path)
     char file[1100];
     struct stat st;
     gp_wmodel v = gp_model_weights(m);
+    gp_status s = GP_OK;
     if (!gp_llama_is_model(&v) && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        s = gp_gpt_check_config(&v, path); /* (its config.json, as a Llama's is checked) */
         snprintf(file, sizeof file, "%s/model.safetensors", path);
         path = file;
     }
-    gp_status s = gp_llama_is_hf(path) ? gp_llama_read(&v, path, &f)
-                                       : gp_gpt_read(&v, path, &f, &converted);
+    if (s == GP_OK)
+        s = gp_llama_is_hf(path) ? gp_llama_read(&v, path, &f)
+                                 : gp_gpt_read(&v, path, &f, &converted);
+    else
+        memset(&f, 0, sizeof f);
     if (s == GP_OK && !converted) s = gp_st_verify(&f, false);
     if (s == GP_OK && !converted) s = attach_parts(path, &f); /* a run in processes' */
     if (s == GP_OK) s = gp_snapshot_apply(m, &f, false);

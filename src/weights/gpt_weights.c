@@ -50,10 +50,12 @@
  * and mis-shaped names, NaN) as for any weights file.  Everything is on
  * the host; the thread that drives the model calls these between steps.
  */
+#include "core/hf_config.h"
 #include "core/json.h"
 #include "weights/weights.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -789,6 +791,107 @@ static const gp_layer *layer_named(const gp_wmodel *m, gp_layer_type t, const ch
             return &m->layers[k];
     }
     return NULL;
+}
+
+/* ---- a Hugging Face folder's config.json against the model -------------- */
+
+/* config.json's number `key` against the model's (set by model.gpt key
+ * `ours`), a difference appended to msg; absent: GPT2Config's default. */
+static gp_status gpt_cmp(const gp_hf_config *hc, const char *key, double def, double model,
+                         const char *ours, char *msg, size_t len)
+{
+    const gp_json_value *v = gp_json_get(hc->json, key);
+    bool absent = !v || (v->kind == GP_JSON_NULL && !strcmp(key, "n_inner"));
+    double file = def;
+    if (!absent) GP_TRY(gp_hf_config_num(hc, NULL, key, def, -INFINITY, INFINITY, false, &file));
+    if (fabs(file - model) <= 1e-6 * fmax(fabs(file), fabs(model))) return GP_OK;
+    size_t at = strlen(msg);
+    if (absent)
+        snprintf(msg + at, len - at, "%s%s absent (transformers uses %.10g; this model: %s "
+                 "%.10g)", at ? "; " : "", key, file, ours, model);
+    else
+        snprintf(msg + at, len - at, "%s%s %.10g (this model: %s %.10g)", at ? "; " : "", key,
+                 file, ours, model);
+    return GP_OK;
+}
+
+/* What GPT-2's sizes do not show: the activation, attention's scaling, the
+ * family. */
+static gp_status gpt_supported(const gp_hf_config *hc)
+{
+    const gp_json_value *ty = gp_json_get(hc->json, "model_type");
+    const gp_json_value *act = gp_json_get(hc->json, "activation_function");
+    if (ty && (ty->kind != GP_JSON_STRING || strcmp(ty->str, "gpt2")))
+        return gp_error_set(GP_ERR_UNSUPPORTED, "%s: model_type %s%s%s: model.gpt builds GPT-2 "
+                            "(model_type gpt2)", hc->path, ty->kind == GP_JSON_STRING ? "'" : "",
+                            ty->kind == GP_JSON_STRING ? ty->str : "not a string",
+                            ty->kind == GP_JSON_STRING ? "'" : "");
+    /* (gpipe's GELU is GPT-2's tanh form: gp_ew_gelu; these three compute
+     * it, "gelu" is erf's) */
+    if (act && (act->kind != GP_JSON_STRING ||
+                (strcmp(act->str, "gelu_new") && strcmp(act->str, "gelu_pytorch_tanh") &&
+                 strcmp(act->str, "gelu_fast"))))
+        return gp_error_set(GP_ERR_UNSUPPORTED, "%s: activation_function %s%s%s: model.gpt's "
+                            "MLP has GELU's tanh form, GPT-2's (activation_function gelu_new, "
+                            "gelu_pytorch_tanh or gelu_fast); gpipe has no other", hc->path,
+                            act->kind == GP_JSON_STRING ? "'" : "",
+                            act->kind == GP_JSON_STRING ? act->str : "not a string",
+                            act->kind == GP_JSON_STRING ? "'" : "");
+    bool scale, by_layer;
+    GP_TRY(gp_hf_config_bool(hc, NULL, "scale_attn_weights", true, &scale));
+    GP_TRY(gp_hf_config_bool(hc, NULL, "scale_attn_by_inverse_layer_idx", false, &by_layer));
+    if (!scale || by_layer)
+        return gp_error_set(GP_ERR_UNSUPPORTED, "%s: %s: gpipe's attention scales its scores "
+                            "by 1 / sqrt(head size) alone, as GPT-2's does (scale_attn_weights "
+                            "true, scale_attn_by_inverse_layer_idx false)", hc->path,
+                            !scale ? "scale_attn_weights is false"
+                                   : "scale_attn_by_inverse_layer_idx is true");
+    /* (reorder_and_upcast_attn computes the same scores in FP32, which
+     * gpipe's attention is: it changes nothing to check) */
+    return GP_OK;
+}
+
+gp_status gp_gpt_check_config(const gp_wmodel *m, const char *dir)
+{
+    gp_hf_config hc; /* the one reader of config.json (core/hf_config.h) */
+    gp_status st = gp_hf_config_read(dir, &hc);
+    if (st != GP_OK || !hc.json) { /* (none: the tensors' shapes are checked as they load) */
+        gp_hf_config_free(&hc);
+        return st;
+    }
+    const gp_layer *emb = m->n_layers > 0 && m->layers[0].spec.type == GP_LAYER_EMBEDDING
+                              ? &m->layers[0]
+                              : NULL;
+    const gp_layer *ln = layer_named(m, GP_LAYER_LAYER_NORM, "ln_1");
+    const gp_layer *fc = layer_named(m, GP_LAYER_LINEAR, "mlp.c_fc");
+    int64_t blocks = 0, heads = model_heads(m);
+    for (int k = 0; k < m->n_layers; k++) blocks += m->layers[k].spec.type == GP_LAYER_ATTENTION;
+    char msg[1500] = "";
+    st = gpt_supported(&hc);
+    if (st == GP_OK)
+        st = gpt_cmp(&hc, "n_layer", 12, (double)blocks, "model.gpt.layers", msg, sizeof msg);
+    if (st == GP_OK && heads > 0)
+        st = gpt_cmp(&hc, "n_head", 12, (double)heads, "model.gpt.heads", msg, sizeof msg);
+    if (st == GP_OK && emb)
+        st = gpt_cmp(&hc, "n_embd", 768, (double)emb->spec.dim, "model.gpt.width", msg,
+                     sizeof msg);
+    if (st == GP_OK && emb)
+        st = gpt_cmp(&hc, "vocab_size", 50257, (double)model_vocab(m), "model.gpt.vocab", msg,
+                     sizeof msg);
+    if (st == GP_OK && emb)
+        st = gpt_cmp(&hc, "n_positions", 1024, (double)emb->spec.positions,
+                     "model.gpt.positions", msg, sizeof msg);
+    if (st == GP_OK && emb && fc) /* (null or absent: 4 n_embd; model.gpt's is) */
+        st = gpt_cmp(&hc, "n_inner", 4.0 * (double)emb->spec.dim, (double)fc->spec.out,
+                     "4 model.gpt.width", msg, sizeof msg);
+    if (st == GP_OK && ln)
+        st = gpt_cmp(&hc, "layer_norm_epsilon", 1e-5, (double)ln->spec.eps,
+                     "its layer norms' eps", msg, sizeof msg);
+    if (st == GP_OK && msg[0])
+        st = gp_error_set(GP_ERR_INVALID, "%s does not describe this model: %s; set the "
+                          "model.gpt keys named to the folder's values", hc.path, msg);
+    gp_hf_config_free(&hc);
+    return st;
 }
 
 /* config.json of a GPT2LMHeadModel folder for m, whose tensors g holds,

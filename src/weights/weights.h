@@ -201,6 +201,17 @@ bool gp_gpt_is_llmc(const char *path);
 /* Whether f is a Hugging Face GPT-2 file (h.0.attn.c_attn.weight, with or
  * without "transformer.", stored (C, 3C) as Conv1D does). */
 bool gp_gpt_is_hf(const gp_st_file *f);
+/* A Hugging Face GPT-2 folder's config.json (dir's) against m, as the
+ * Llama folder's is (its model.safetensors alone did not say n_head, an
+ * activation or attention scaling gpipe does not have, and loaded into a
+ * model of another loss): n_layer, n_head, n_embd, vocab_size,
+ * n_positions, n_inner, layer_norm_epsilon, each difference named with
+ * the model.gpt key that sets it; an activation_function other than GELU's
+ * tanh form (gelu_new, gelu_pytorch_tanh, gelu_fast), scale_attn_weights
+ * false, scale_attn_by_inverse_layer_idx true or another model_type than
+ * gpt2 refused.  GP_OK where dir has no config.json: the tensors' shapes
+ * are checked as they load. */
+gp_status gp_gpt_check_config(const gp_wmodel *m, const char *dir);
 /* model.init_from's read: an llm.c checkpoint or a Hugging Face GPT-2 file
  * converted to gpipe's names and layouts for m (*converted), else the
  * safetensors file as it is.  Errors name path and the tensor. */
