@@ -855,6 +855,28 @@ static void pad_dry_run(void)
     CHECK(strstr(out, "(1, 1024, 50304)") != NULL && strstr(out, "+ 47 padded rows") != NULL);
 }
 
+/* An llm.c header whose sizes make 2^64 + 1024 bytes, written as its 1024
+ * bytes alone, is refused as damaged (the sizes' products overflowed
+ * int64 and wrapped to the file's length: it was taken, and its arrays'
+ * sizes drove allocations without bound). */
+static void llmc_overflow(const char *dir)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/wrap.bin", dir);
+    int32_t hdr[256] = {20240326, 5, 2147483645, 1, 330382100, 4, 1 << 30, 2147483645};
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fwrite(hdr, sizeof hdr, 1, f) == 1);
+    if (f) fclose(f);
+    gp_wmodel none = {0};
+    gp_st_file g;
+    bool conv = false;
+    CHECK_ERR(gp_gpt_read(&none, path, &g, &conv), GP_ERR_DATA,
+              "maxT 2147483645, BF16) makes more than the file's 1024 bytes: the file is cut "
+              "short or damaged");
+    gp_st_free(&g);
+    remove(path);
+}
+
 static void vocab_pad(gp_device **devs)
 {
     pad_parity(devs);
@@ -874,6 +896,7 @@ static void vocab_pad(gp_device **devs)
         }
     pad_larger_vocab(devs[0], dir);
     pad_sample(devs[0], dir);
+    llmc_overflow(dir);
     rmdir(dir);
     pad_dry_run();
     CHECK_ERR(gpt_cfg("{vocab_pad: 0}", "[64]", NULL, 0, NULL), GP_ERR_INVALID,

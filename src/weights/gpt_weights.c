@@ -191,7 +191,8 @@ bool gp_gpt_is_hf(const gp_st_file *f)
 {
     const gp_st_tensor *t = gp_st_find(f, "h.0.attn.c_attn.weight");
     if (!t) t = gp_st_find(f, TX "h.0.attn.c_attn.weight");
-    return t && t->ndim == 2 && t->dims[1] == 3 * t->dims[0];
+    /* (divided, not 3 * dims[0]: a header's dims go to 2^63 - 1) */
+    return t && t->ndim == 2 && t->dims[1] % 3 == 0 && t->dims[1] / 3 == t->dims[0];
 }
 
 
@@ -567,9 +568,27 @@ static gp_status lazy_llmc(const gp_wmodel *m, const char *path, gp_st_file *out
     llmc_array a[16];
     int na = llmc_arrays(&d, a);
     size_t esz = version == 3 ? 4 : 2;
-    int64_t total = 0;
-    for (int q = 0; q < na; q++) total += array_numel(&a[q]) * (a[q].per_block ? d.L : 1);
-    uint64_t want = 4 * LLMC_HEADER + (uint64_t)total * esz;
+    /* the bytes the header makes, in unsigned arithmetic checked at each
+     * step and stopped as soon as they pass the file's (issue: signed
+     * products that overflowed, undefined, wrapped a crafted 1024-byte
+     * header's 2^64 + 1024 bytes to the file's 1024, and the arrays' sizes
+     * then drove allocations without bound) */
+    uint64_t want = 4 * LLMC_HEADER;
+    bool over = false;
+    for (int q = 0; q < na && !over; q++) {
+        uint64_t n, bytes;
+        over = __builtin_mul_overflow((uint64_t)a[q].rows, (uint64_t)(a[q].cols ? a[q].cols : 1),
+                                      &n) ||
+               __builtin_mul_overflow(n, (uint64_t)(a[q].per_block ? d.L : 1), &n) ||
+               __builtin_mul_overflow(n, (uint64_t)esz, &bytes) ||
+               __builtin_add_overflow(want, bytes, &want) || want > len;
+    }
+    if (over)
+        return gp_error_set(GP_ERR_DATA, "%s: its header (L %lld, C %lld, V %lld padded to %lld, "
+                            "maxT %lld, %s) makes more than the file's %llu bytes: the file is "
+                            "cut short or damaged, or not %s", path, (long long)d.L, (long long)d.C,
+                            (long long)d.V, (long long)d.Vp, (long long)d.maxT,
+                            esz == 4 ? "FP32" : "BF16", (unsigned long long)len, what);
     if (len != want)
         return gp_error_set(GP_ERR_DATA, "%s: %llu bytes, but its header (L %lld, C %lld, V %lld "
                             "padded to %lld, maxT %lld, %s) makes %llu: the file is cut short or "
