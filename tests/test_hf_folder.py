@@ -59,6 +59,15 @@ no file has, until 2026-12-01).
     a word it does not take (GPIPE_FUSE_GELU=no, GPIPE_CPU_CONV=blockd,
     GPIPE_LOG=verbose) or a number out of range (GPIPE_CPU_COPY_DELAY_US=-4).
 
+config.json is read as transformers reads it (config_json, config_arch,
+gpt_config): a key left out takes the family's default
+(tie_word_embeddings false for a Llama), a missing or mistyped size is
+named as such, and what model.llama and model.gpt do not build (another
+model_type, activation, head_dim, a sliding window within the sequence,
+GPT-2's layer-scaled attention) is refused by name, also where no YAML
+names the folder (gpipe-sample --weights).  A killed export's temporary
+is removed by the next export (export_leftovers).
+
 Needs GPIPE_BINARY_DIR (set by CTest).  Prints "test_hf_folder: N passed,
 N failed" last.
 """
@@ -221,6 +230,31 @@ def gpt_config(d, g):
     check(rc == 0, "GPT-2 folder without config.json loads: rc %s %r" % (rc, err[-300:]))
 
 
+def export_leftovers(d):
+    """A killed export's temporary (gp_atomic_open's ".<staged name>.tmp.PID", as large as the
+    file) is removed by the next export where its process is gone; a live process's is left.
+    (Its name starts "..gpipe-export.", which the staged files' prefix did not match: each
+    killed export left one for good.)"""
+    out = os.path.join(d, "leftovers")
+    one = [yaml(d, "a.yaml", False), "--export-weights", out, "--export-format", "hf"]
+    rc, err = gpipe(one)
+    check(rc == 0, "an export to leftovers/: rc %s %r" % (rc, err[-300:]))
+    p = subprocess.Popen(["true"])
+    p.wait()
+    dead = os.path.join(out, "..gpipe-export.model.safetensors.tmp.%d" % p.pid)
+    live = os.path.join(out, "..gpipe-export.config.json.tmp.%d" % os.getpid())
+    staged = os.path.join(out, ".gpipe-export.config.json")
+    for f in (dead, live, staged):
+        with open(f, "wb") as fh:
+            fh.write(b"\0" * 4096)
+    rc, err = gpipe(one)
+    check(rc == 0 and not os.path.exists(dead) and not os.path.exists(staged),
+          "the next export removes a dead export's temporary and staged file: rc %s, %s"
+          % (rc, sorted(os.listdir(out))))
+    check(os.path.exists(live), "... and leaves a running process's temporary")
+    os.remove(live)
+
+
 def main():
     d = tempfile.mkdtemp(prefix="gpipe_hffolder_")
     try:
@@ -238,6 +272,7 @@ def main():
         check(rc == 0, "the untied model loads the untied folder: rc %s %r" % (rc, err[-300:]))
         config_json(d, src)
         config_arch(d, src)
+        export_leftovers(d)
 
         def variant(name, edit):
             v = os.path.join(d, name)

@@ -26,6 +26,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -993,13 +994,31 @@ gp_status gp_llama_export_check(const gp_wmodel *m)
     return GP_OK; /* (q, k and v biases: a Qwen2ForCausalLM folder, write_config) */
 }
 
+/* Whether `name` is a temporary gp_atomic_open made for a staged file,
+ * "." GP_HF_STAGE "<name>.tmp.<pid>", of a process that is gone (or of this
+ * one, which holds none while it removes them).  Exports into one folder
+ * are not locked against each other, so a running one's is left alone. */
+static bool stale_stage_tmp(const char *name)
+{
+    if (name[0] != '.' || strncmp(name + 1, GP_HF_STAGE, strlen(GP_HF_STAGE))) return false;
+    const char *t = strstr(name, ".tmp.");
+    if (!t) return false;
+    for (const char *n; (n = strstr(t + 1, ".tmp.")) != NULL;) t = n; /* (the last) */
+    char *end;
+    errno = 0;
+    long pid = strtol(t + 5, &end, 10);
+    if (*end || end == t + 5 || pid <= 0 || errno) return false;
+    return pid == (long)getpid() || (kill((pid_t)pid, 0) != 0 && errno == ESRCH);
+}
+
 void gp_hf_remove_staged(const char *dir)
 {
     DIR *d = opendir(dir);
     if (!d) return;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        if (strncmp(e->d_name, GP_HF_STAGE, strlen(GP_HF_STAGE))) continue;
+        if (strncmp(e->d_name, GP_HF_STAGE, strlen(GP_HF_STAGE)) && !stale_stage_tmp(e->d_name))
+            continue;
         char p[1400];
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
         unlink(p);
@@ -1049,7 +1068,9 @@ gp_status gp_hf_folder_commit(const char *dir, const char *const *names, int k, 
  * not have (model.safetensors after a sharded export, shards and an index
  * after a one-file one, shards of another count) are removed.  A failure
  * or a kill while writing (the long part) leaves the earlier export as it
- * was, and its staged files are removed by the next export.  (The renames
+ * was, and its staged files, and the temporary it was writing one through
+ * (gp_atomic_open's ".<staged name>.tmp.PID"), are removed by the next
+ * export (gp_hf_remove_staged).  (The renames
  * take milliseconds; one that fails after the first leaves the shards
  * renamed so far beside the earlier config.json, and says which.)
  */

@@ -270,7 +270,10 @@ gp_status gp_llama_export(const gp_wmodel *m, const char *dir, bool bf16, const 
  * staged files are removed and that status returned: the earlier export
  * is as it was (but for the files renamed before a failed rename, which
  * its message names).  gp_hf_remove_staged: a killed export's staged
- * files removed (before writing). */
+ * files removed (before writing), and the temporaries it was writing them
+ * through (gp_atomic_open's "." + staged name + ".tmp.PID", full-size: the
+ * prefix did not match them, so each kill left one for good) whose
+ * process is gone. */
 #define GP_HF_STAGE ".gpipe-export."
 void gp_hf_remove_staged(const char *dir);
 gp_status gp_hf_folder_commit(const char *dir, const char *const *names, int k, gp_status s);
