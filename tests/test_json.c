@@ -377,6 +377,17 @@ static void test_errors(void)
         {"\"\\u12G4\"", "bad \\u escape", 1, 4},
         {"\"\\u0000\"", "\\u0000 in a string", 1, 8},
         {"\"a\tb\"", "control character 0x09", 1, 3},
+        /* JSON text is UTF-8: a stray continuation byte, a lead byte cut
+         * short, an overlong '/', a surrogate, past U+10FFFF, in a key */
+        {"\"a\xff\"", "byte 0xff in a string is not UTF-8", 1, 3},
+        {"\"\x80\"", "byte 0x80 in a string is not UTF-8", 1, 2},
+        {"\"\xc3\"", "byte 0xc3 in a string is not UTF-8", 1, 2},
+        {"\"\xc3(\"", "byte 0xc3 in a string is not UTF-8", 1, 2},
+        {"\"\xc0\xaf\"", "byte 0xc0 in a string is not UTF-8", 1, 2},
+        {"\"\xe0\x80\xaf\"", "byte 0xe0 in a string is not UTF-8", 1, 2},
+        {"\"\xed\xa0\x80\"", "byte 0xed in a string is not UTF-8", 1, 2},
+        {"\"\xf4\x90\x80\x80\"", "byte 0xf4 in a string is not UTF-8", 1, 2},
+        {"{\"k\xfe\":1}", "byte 0xfe in a string is not UTF-8", 1, 4},
         {"01", "leading zero", 1, 2},
         {"1.", "a digit after '.'", 1, 3},
         {"1e", "a digit in the exponent", 1, 3},

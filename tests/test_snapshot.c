@@ -295,6 +295,9 @@ static void test_fixture(void)
     } broken[] = {
         {"{\"__metadata__\":{},\"__metadata__\":{}}", 0, "__metadata__ given twice"},
         {"{} {}", 0, "at byte 11: trailing bytes"},
+        /* a name that is not UTF-8 (the safetensors library refuses it) */
+        {"{\"a\xff\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+         "bad JSON header at byte 11: byte 0xff in a string is not UTF-8"},
         {"{\"a\":{\"dtype\":\"F32\",\"shap\":[1],\"data_offsets\":[0,4]}}", 4,
          "unknown or repeated key 'shap'"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,

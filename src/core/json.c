@@ -259,6 +259,29 @@ static bool read_escape(gp_json_reader *r, size_t end, char *o, size_t *n)
     return true;
 }
 
+/* The length of the UTF-8 sequence at t[0..n) (n >= 1, t[0] >= 0x80), or
+ * 0 where it is not one: a stray continuation byte, a lead byte without
+ * its continuations, an overlong form, a surrogate or past U+10FFFF
+ * (RFC 3629's table, which Python's and Rust's decoders follow). */
+static size_t utf8_len(const unsigned char *t, size_t n)
+{
+    unsigned char c = t[0];
+    size_t k = c >= 0xc2 && c <= 0xdf   ? 2
+               : c >= 0xe0 && c <= 0xef ? 3
+               : c >= 0xf0 && c <= 0xf4 ? 4
+                                        : 0;
+    if (k == 0 || n < k) return 0;
+    unsigned char lo = 0x80, hi = 0xbf; /* the second byte's range */
+    if (c == 0xe0) lo = 0xa0;           /* (overlong) */
+    else if (c == 0xed) hi = 0x9f;      /* (surrogates) */
+    else if (c == 0xf0) lo = 0x90;      /* (overlong) */
+    else if (c == 0xf4) hi = 0x8f;      /* (past U+10FFFF) */
+    if (t[1] < lo || t[1] > hi) return 0;
+    for (size_t i = 2; i < k; i++)
+        if (t[i] < 0x80 || t[i] > 0xbf) return 0;
+    return k;
+}
+
 bool gp_json_read_string(gp_json_reader *r, char **out)
 {
     *out = NULL;
@@ -284,6 +307,17 @@ bool gp_json_read_string(gp_json_reader *r, char **out)
         if (c < 0x20) {
             free(s);
             return fail(r, "control character 0x%02x in a string (write it as an escape)", c);
+        }
+        if (c >= 0x80) { /* JSON text is UTF-8 (RFC 8259, 8.1) */
+            size_t k = utf8_len((const unsigned char *)r->text + r->pos, end - r->pos);
+            if (!k) {
+                free(s);
+                return fail(r, "byte 0x%02x in a string is not UTF-8 (JSON text is UTF-8)", c);
+            }
+            memcpy(s + n, r->text + r->pos, k);
+            n += k;
+            r->pos += k;
+            continue;
         }
         r->pos++;
         if (c != '\\') {

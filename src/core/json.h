@@ -14,8 +14,10 @@
  *   zeros, raw control characters), \u escapes decoded to UTF-8 with
  *   surrogate pairs checked, \u0000 refused (strings come out as C
  *   strings), nesting at most GP_JSON_MAX_DEPTH, numbers that overflow a
- *   double refused.  Bytes >= 0x80 pass through as they are: UTF-8 is
- *   kept, not validated.  The first error sticks: every later call fails,
+ *   double refused.  Bytes >= 0x80 in strings must be UTF-8 (RFC 3629:
+ *   no overlong forms, surrogates or code points past U+10FFFF, as Python's
+ *   and the safetensors library's readers take it) and are kept as they
+ *   are; JSON text is UTF-8 (RFC 8259, 8.1).  The first error sticks: every later call fails,
  *   and r->err says what went wrong at byte r->err_at (gp_json_where turns
  *   that into a line and column) so each format can word its own message.
  *
