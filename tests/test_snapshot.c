@@ -271,7 +271,23 @@ static void test_fixture(void)
     CHECK_ERR(gp_st_parse("t", file, 5, &f), GP_ERR_DATA, "shorter than");
     memcpy(bad, file, n);
     bad[7] = 0x7f;
-    CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, "header length");
+    CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, "more than the format's 100000000");
+    /* a header one byte past the file's end: the bytes it needs, not "header length N but
+     * the file has N bytes" */
+    memcpy(bad, file, n);
+    uint64_t over = n - 7;
+    for (int b = 0; b < 8; b++) bad[b] = (uint8_t)(over >> (8 * b));
+    char want[160];
+    snprintf(want, sizeof want, "its header needs 8 + %llu = %llu bytes, but the file has %zu",
+             (unsigned long long)over, (unsigned long long)over + 8, n);
+    CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, want);
+    char bad_path[600]; /* the same through the header-only reader (model.init_from's) */
+    snprintf(bad_path, sizeof bad_path, "%s/hl.safetensors", tmpdir);
+    FILE *bf = fopen(bad_path, "wb");
+    CHECK(bf && fwrite(bad, 1, n, bf) == n);
+    if (bf) fclose(bf);
+    CHECK_ERR(gp_st_read_header(bad_path, &f), GP_ERR_DATA, want);
+    remove(bad_path);
     /* what the file is instead, where its first bytes say: text (a config
      * given where weights go), llm.c's model or token file */
     static const char yaml[] = "model:\n  input: [8]\n  layers: [flatten]\n";

@@ -356,6 +356,23 @@ static const char *other_kind(const uint8_t *b)
     return text == 8 ? "; it begins as text (a config or a script?), not as weights" : "";
 }
 
+/* The error for a file of len bytes whose first 8 (buf) give header
+ * length hl, more than the format allows or than the file holds (it said
+ * "header length N but the file has N bytes" of a file 8 + N - 1 long). */
+static gp_status header_length_error(const char *name, uint64_t hl, size_t len,
+                                     const uint8_t *buf)
+{
+    if (hl > GP_ST_MAX_HEADER)
+        return gp_error_set(GP_ERR_DATA, "%s: not a safetensors file: its first 8 bytes give a "
+                            "header length of %llu, more than the format's %llu%s", name,
+                            (unsigned long long)hl, (unsigned long long)GP_ST_MAX_HEADER,
+                            other_kind(buf));
+    return gp_error_set(GP_ERR_DATA, "%s: not a safetensors file (or truncated): its header "
+                        "needs 8 + %llu = %llu bytes, but the file has %zu%s", name,
+                        (unsigned long long)hl, (unsigned long long)hl + 8, len,
+                        other_kind(buf));
+}
+
 /* parse, the image being `own` (malloc'd: taken, freed on failure) where
  * given, else a copy of buf. */
 static gp_status parse_buf(const char *name, const uint8_t *buf, uint8_t *own, size_t len,
@@ -372,9 +389,7 @@ static gp_status parse_buf(const char *name, const uint8_t *buf, uint8_t *own, s
         s0 = gp_error_set(GP_ERR_DATA, "%s: not a safetensors file: %zu bytes, shorter than "
                                        "the 8-byte header length", name, len);
     else if (hl > GP_ST_MAX_HEADER || hl > len - 8)
-        s0 = gp_error_set(GP_ERR_DATA, "%s: not a safetensors file (or truncated): header "
-                                       "length %llu but the file has %zu bytes%s", name,
-                          (unsigned long long)hl, len, other_kind(buf));
+        s0 = header_length_error(name, hl, len, buf);
     else if (hl < 2 || buf[8] != '{')
         s0 = gp_error_set(GP_ERR_DATA, "%s: not a safetensors file: the header does not "
                                        "start with '{'", name);
@@ -481,9 +496,7 @@ gp_status gp_st_read_header(const char *path, gp_st_file *out)
     uint64_t hl = get_le64(lb);
     if (hl > GP_ST_MAX_HEADER || hl > file_len - 8) {
         fclose(f);
-        return gp_error_set(GP_ERR_DATA, "%s: not a safetensors file (or truncated): header "
-                            "length %llu but the file has %zu bytes%s", path,
-                            (unsigned long long)hl, file_len, other_kind(lb));
+        return header_length_error(path, hl, file_len, lb);
     }
     uint8_t *buf = malloc(8 + hl);
     if (!buf) {
