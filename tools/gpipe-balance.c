@@ -213,7 +213,8 @@ static gp_status write_config(const char *out_path, const gp_config *cfg, const 
         fprintf(o, "  peer_timeout: %.17g\n", pc->peer_timeout);
     /* read back before it takes out_path's place: a config that does not
      * load, or says other than it was given, leaves out_path as it was */
-    if (fflush(o) != 0 || ferror(o)) return gp_atomic_commit(&a, errno ? errno : EIO);
+    if (fflush(o) != 0 || ferror(o))
+        return gp_error_wrap(gp_atomic_commit(&a, errno ? errno : EIO), "--write");
     gp_config check;
     s = gp_config_load(a.tmp, NULL, 0, &check);
     if (s != GP_OK) {
