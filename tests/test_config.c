@@ -1293,8 +1293,9 @@ static void test_overrides(void)
 /* gp_config_text_applied on what the config reviewer found: a line at
  * column 1 inside a flow map or a quoted scalar (taken for a section's
  * key, so a rewritten section left its tail in the file), an alias whose
- * anchor sat in a rewritten section, and a line break YAML folds (NEL)
- * written raw inside quotes.  Each reads back with its override, and its
+ * anchor sat in a rewritten section, a line break YAML folds (NEL) written
+ * raw inside quotes, and characters it refuses raw (C1 controls, the BOM;
+ * the config fuzzer's).  Each reads back with its override, and its
  * values as given. */
 static void text_applied_sections(void)
 {
@@ -1315,6 +1316,10 @@ static void text_applied_sections(void)
         {"model:\n  input: [4]\n  layers: [flatten, {linear: {out: 2}}]\n"
          "train:\n  snapshot: {dir: \"p\\Nq\\Lr\"}\n",
          "train.batch_size=16", 2, 16, "p\xc2\x85q\xe2\x80\xa8r"},
+        /* a C1 control, the BOM and U+FFFF: a reader refuses them raw */
+        {"model:\n  input: [4]\n  layers: [flatten, {linear: {out: 2}}]\n"
+         "train:\n  snapshot: {dir: \"a\\u0084b\\uFEFFc\\uFFFFd\"}\n",
+         "train.batch_size=16", 2, 16, "a\xc2\x84" "b\xef\xbb\xbf" "c\xef\xbf\xbf" "d"},
     };
     for (int q = 0; q < (int)(sizeof cases / sizeof cases[0]); q++) {
         gp_config c, w;

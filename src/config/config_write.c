@@ -18,6 +18,29 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A character at p (UTF-8) that YAML does not take as it is inside a
+ * double-quoted scalar: the line breaks NEL, LS and PS, which a reader
+ * folds, and the C1 controls, the BOM and U+FFFE / U+FFFF, which it
+ * refuses as unprintable.  Its escape into esc, and its length in bytes;
+ * 0 for any other character. */
+static int special(const unsigned char *p, char esc[8])
+{
+    if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) {
+        if (p[1] == 0x85) snprintf(esc, 8, "\\N");
+        else snprintf(esc, 8, "\\x%02x", p[1]);
+        return 2;
+    }
+    if (p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9)) {
+        snprintf(esc, 8, p[2] == 0xa8 ? "\\L" : "\\P");
+        return 3;
+    }
+    if (p[0] == 0xef && ((p[1] == 0xbb && p[2] == 0xbf) || (p[1] == 0xbf && p[2] >= 0xbe))) {
+        snprintf(esc, 8, "\\u%s", p[1] == 0xbb ? "FEFF" : p[2] == 0xbe ? "FFFE" : "FFFF");
+        return 3;
+    }
+    return 0;
+}
+
 /* Whether t reads back as the same plain scalar (in a flow collection when
  * `flow`). */
 static bool plain_ok(const char *t, bool flow)
@@ -27,10 +50,10 @@ static bool plain_ok(const char *t, bool flow)
     if (strchr("?:-", t[0]) && (t[1] == ' ' || t[1] == '\0')) return false;
     if (strchr(",[]{}#&*!|>'\"%@`", t[0])) return false;
     if (strstr(t, ": ") || strstr(t, " #")) return false;
-    if (strstr(t, "\xc2\x85") || strstr(t, "\xe2\x80\xa8") || strstr(t, "\xe2\x80\xa9"))
-        return false; /* NEL, LS, PS: line breaks to a YAML reader */
+    char esc[8];
     for (const char *p = t; *p; p++) {
-        if ((unsigned char)*p < 0x20 || *p == 0x7f) return false;
+        if ((unsigned char)*p < 0x20 || *p == 0x7f || special((const unsigned char *)p, esc))
+            return false;
         if (flow && strchr(",[]{}", *p)) return false;
     }
     return true;
@@ -49,16 +72,11 @@ static void put_scalar(FILE *o, const gp_ynode *n, bool flow)
     }
     fputc('"', o);
     for (const unsigned char *p = (const unsigned char *)t; *p; p++) {
-        /* YAML's other line breaks, NEL, LS and PS, which a reader folds
-         * inside quotes: their escapes */
-        if (p[0] == 0xc2 && p[1] == 0x85) {
-            fputs("\\N", o);
-            p++;
-            continue;
-        }
-        if (p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9)) {
-            fputs(p[2] == 0xa8 ? "\\L" : "\\P", o);
-            p += 2;
+        char esc[8];
+        int k = special(p, esc);
+        if (k) {
+            fputs(esc, o);
+            p += k - 1;
             continue;
         }
         if (*p == '"' || *p == '\\') fprintf(o, "\\%c", *p);
