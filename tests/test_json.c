@@ -77,6 +77,22 @@ static void test_escapes(void)
     CHECK_MSG(!strcmp(out + 1, "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80 \x7f\""),
               "%s", out);
     free(b);
+    /* bytes that are no UTF-8 (a name a fixed buffer cut inside a
+     * character, a lone continuation, an overlong form) are written as
+     * U+FFFD, so that the reader, which refuses them, reads what was
+     * written (a profile of a config at a non-ASCII path did not load) */
+    static const struct {
+        const char *in, *back;
+    } bad[] = {{"a\xc3", "a\xef\xbf\xbd"},
+               {"\x80x\xc3\xa9", "\xef\xbf\xbdx\xc3\xa9"},
+               {"\xe6\x97", "\xef\xbf\xbd\xef\xbf\xbd"},
+               {"\xc0\xafz", "\xef\xbf\xbd\xef\xbf\xbdz"}};
+    for (size_t q = 0; q < sizeof bad / sizeof bad[0]; q++) {
+        b = round_trip_str(bad[q].in, out, sizeof out);
+        CHECK_MSG(b && !strcmp(b, bad[q].back), "bad UTF-8 %zu: written %s, read %s", q, out,
+                  b ? b : "(refused)");
+        free(b);
+    }
     b = round_trip_str("", out, sizeof out);
     CHECK(b && !b[0] && !strcmp(out, "\"\""));
     free(b);

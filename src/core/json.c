@@ -589,6 +589,20 @@ static void put_escaped(gp_json_writer *w, const char *s)
     const char *run = s; /* bytes that need no escape are copied in runs */
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
+        if (c >= 0x80) {
+            /* a whole UTF-8 character goes as it is; a byte that is none
+             * (a name cut inside one by a fixed buffer) as U+FFFD, so
+             * that what gpipe writes its own reader (and Python's) reads */
+            size_t k = utf8_len((const unsigned char *)s, strnlen(s, 4));
+            if (k) {
+                s += k - 1;
+                continue;
+            }
+            put(w, run, (size_t)(s - run));
+            run = s + 1;
+            put(w, "\xef\xbf\xbd", 3);
+            continue;
+        }
         if (c >= 0x20 && c != '"' && c != '\\') continue;
         put(w, run, (size_t)(s - run));
         run = s + 1;
