@@ -1316,6 +1316,9 @@ static void text_applied_sections(void)
         {"model:\n  input: [4]\n  layers: [flatten, {linear: {out: 2}}]\n"
          "train:\n  snapshot: {dir: \"p\\Nq\\Lr\"}\n",
          "train.batch_size=16", 2, 16, "p\xc2\x85q\xe2\x80\xa8r"},
+        /* a document ended with "...": the rewritten section came after it */
+        {"model:\n  input: [4]\n  layers: [flatten, {linear: {out: 2}}]\n"
+         "train:\n  batch_size: 8\n...\n", "model.layers.1.out=3", 3, 8, NULL},
         /* a C1 control, the BOM and U+FFFF: a reader refuses them raw */
         {"model:\n  input: [4]\n  layers: [flatten, {linear: {out: 2}}]\n"
          "train:\n  snapshot: {dir: \"a\\u0084b\\uFEFFc\\uFFFFd\"}\n",

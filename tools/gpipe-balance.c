@@ -215,8 +215,15 @@ static gp_status write_config(const char *out_path, const gp_config *cfg, const 
      * load, or says other than it was given, leaves out_path as it was */
     if (fflush(o) != 0 || ferror(o))
         return gp_error_wrap(gp_atomic_commit(&a, errno ? errno : EIO), "--write");
+    /* (read under out_path's name: the temporary's would be gone from the
+     * message's file:line:column by the time it is read) */
     gp_config check;
-    s = gp_config_load(a.tmp, NULL, 0, &check);
+    char *back = NULL;
+    size_t blen = 0;
+    s = gp_read_regular(a.tmp, GP_CONFIG_MAX_BYTES, &back, &blen) == 0
+            ? gp_config_parse(out_path, back, blen, NULL, 0, &check)
+            : gp_error_set(GP_ERR_IO, "%s: cannot read it back: %s", a.tmp, strerror(errno));
+    free(back);
     if (s != GP_OK) {
         gp_atomic_abort(&a);
         return gp_error_wrap(s, "the config --write made for '%s' does not load (nothing "
@@ -570,8 +577,8 @@ static int run_plan(gp_config *cfg, int N, const char *gpu, double memory, int t
                "rest: pipeline.checkpoint.keep)\n", ks);
     }
     printf("  (stages: a pipeline's devices x its replicas; the replicas' gradient reduction "
-           "is in the step%s)\nruled out: %d with more replicas x micro-batches than samples (or than %d), "
-           "%d that no schedule makes (more stages than layers, interleaved's m), %d over the "
+           "is in the step%s)\nruled out: %d with more replicas x micro-batches than samples "
+           "(or than %d), %d that no schedule makes (more stages than layers, interleaved's m), %d over the "
            "devices' memory\n", gpu ? "; times are the roofline's floor: measured steps "
            "run slower, and MFU lower" : "", r.no_batch, GP_MAX_CHUNKS, r.no_schedule,
            r.no_memory);

@@ -230,8 +230,6 @@ gp_status gp_config_parse_with(const char *name, const char *text, size_t len,
     return GP_OK;
 }
 
-#define GP_CONFIG_MAX_BYTES ((size_t)16 << 20)
-
 gp_status gp_config_load(const char *path, const char *const *overrides, int n_overrides,
                          gp_config *out)
 {

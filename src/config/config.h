@@ -285,6 +285,9 @@ static inline int64_t gp_config_replica_batch(const gp_config *cfg)
     return (cfg->train.batch_size + R - 1) / R;
 }
 
+/* The largest config file gp_config_load reads (16 MiB). */
+#define GP_CONFIG_MAX_BYTES ((size_t)16 << 20)
+
 /* Load and validate.  overrides[i] is "a.b.c=value". */
 gp_status gp_config_load(const char *path, const char *const *overrides,
                          int n_overrides, gp_config *out);

@@ -155,10 +155,11 @@ static void set_top(const char *set, char *key, size_t len)
 /* Whether the file's lines can be copied section by section: every
  * top-level key plain, at the start of its line and below the one before
  * (a section runs from its key's line to the next key's), lines that end
- * in LF (or CR LF) and no other line break, and no alias (a section written from the tree holds
- * the anchored value's copy and no anchor, which a copied one may name).
- * Otherwise the config is written whole from the tree (its comments and
- * layout lost, its content kept). */
+ * in LF (or CR LF) and no other line break, no alias (a section written
+ * from the tree holds the anchored value's copy and no anchor, which a
+ * copied one may name) and no "..." (the sections written after it would
+ * be a second document).  Otherwise the config is written whole from the
+ * tree (its comments and layout lost, its content kept). */
 static bool layout_kept(const char *text, const gp_ynode *root)
 {
     if (root->kind != GP_YNODE_MAP) return root->kind == GP_YNODE_NULL;
@@ -174,7 +175,7 @@ static bool layout_kept(const char *text, const gp_ynode *root)
      * numbers off the text's LFs */
     if (strstr(text, "\xc2\x85") || strstr(text, "\xe2\x80\xa8") || strstr(text, "\xe2\x80\xa9"))
         return false;
-    return !gp_ytext_has_alias(text, strlen(text));
+    return !gp_ytext_alias_or_end(text, strlen(text));
 }
 
 /* The top-level key whose section holds line `ln` (1-based; NULL before
@@ -223,8 +224,8 @@ gp_status gp_config_text_applied(const gp_config *c, const char *drop, char **ou
     }
     if (!keep) {
         fprintf(o, "# written from %s with the overrides applied (its layout could not be kept: "
-                   "a top-level key indented, quoted or in flow style, an alias, or line ends "
-                   "other than LF and CR LF)\n",
+                   "a top-level key indented, quoted or in flow style, an alias, an explicit "
+                   "document end, or line ends other than LF and CR LF)\n",
                 c->path[0] ? c->path : "the config");
         for (int i = 0; root->kind == GP_YNODE_MAP && i < root->n; i++) {
             if (drop && !strcmp(root->keys[i]->text ? root->keys[i]->text : "", drop)) continue;

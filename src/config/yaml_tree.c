@@ -544,7 +544,7 @@ gp_status gp_ytree_parse(const char *name, const char *set, const char *text,
     return GP_OK;
 }
 
-bool gp_ytext_has_alias(const char *text, size_t len)
+bool gp_ytext_alias_or_end(const char *text, size_t len)
 {
     yaml_parser_t p;
     if (!yaml_parser_initialize(&p)) return true; /* (the caller's safe side) */
@@ -553,7 +553,8 @@ bool gp_ytext_has_alias(const char *text, size_t len)
     while (!done && !alias) {
         yaml_event_t e;
         if (!yaml_parser_parse(&p, &e)) break;
-        alias = e.type == YAML_ALIAS_EVENT;
+        alias = e.type == YAML_ALIAS_EVENT ||
+                (e.type == YAML_DOCUMENT_END_EVENT && !e.data.document_end.implicit);
         done = e.type == YAML_STREAM_END_EVENT;
         yaml_event_delete(&e);
     }
