@@ -1,12 +1,14 @@
 """gpt_util.py — what the Python tests share, as tests/test_util.h is for
 the C ones: a check that counts passes and failures, its last line and
-exit status, a relative closeness test, and a venv for a test whose
-packages the interpreter lacks.
+exit status, a relative closeness test, a venv for a test whose
+packages the interpreter lacks, and transformers' defaults for a
+Llama-family config.json's keys.
 
 Imported by the tests from their own folder (Python puts a script's
 folder first on sys.path, in a venv's interpreter too); not a test itself.
 """
 import importlib
+import json
 import os
 import struct
 import subprocess
@@ -129,3 +131,33 @@ def gpipe_greedy(binary_dir, d, yaml_text, prompt, n, positions, extra=()):
     if r.returncode != 0 or " | " not in r.stdout:
         return None, r.stderr[-800:]
     return [int(t) for t in r.stdout.split(" | ")[1].split()], ""
+
+
+def hf_llama_defaults(src, bin_dir):
+    """What transformers takes where a Llama-family config.json leaves a key
+    out, by model_type: {"llama": {"intermediate_size": 11008, ...},
+    "mistral": ..., "qwen2": ...} (the fixture tests/data/hf_llama_defaults.json
+    that scripts/hf_llama_defaults.py made with transformers), and, where
+    bin_dir/hf-venv has transformers, the same read from it now (else None,
+    and why), for the caller to check the fixture against."""
+    with open(os.path.join(src, "tests", "data", "hf_llama_defaults.json")) as f:
+        fixture = json.load(f)
+    py = os.path.join(bin_dir, "hf-venv", "bin", "python")
+    if not os.path.exists(py):
+        return fixture, None, "no %s" % py
+    r = subprocess.run([py, os.path.join(src, "scripts", "hf_llama_defaults.py")],
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        return fixture, None, r.stderr.strip()[-300:]
+    return fixture, json.loads(r.stdout), None
+
+
+def hf_llama_default(defaults, model_type, key, cfg):
+    """The value transformers gives `key` of a config.json `cfg` (a dict)
+    of model_type that leaves it out: the type's default, where that is
+    null the one it derives (num_key_value_heads: num_attention_heads)."""
+    d = defaults[model_type]
+    v = d.get(key)
+    if key == "num_key_value_heads" and v is None:
+        v = cfg.get("num_attention_heads", d["num_attention_heads"])
+    return v
