@@ -21,19 +21,33 @@ silu, a head_dim other than hidden_size / num_attention_heads, a sliding
 window shorter than the sequence (Mistral's; Qwen2's under
 use_sliding_window).
 
+A key the file leaves out takes its model type's default, as transformers
+takes it (type_defaults): LlamaConfig's, MistralConfig's or Qwen2Config's,
+read from tests/data/hf_llama_defaults.json (scripts/hf_llama_defaults.py
+made it with transformers, and it is checked against transformers itself
+where build/hf-venv has it); each such key left out of a config.json of
+each type builds that default (gpipe took LlamaConfig's for all three: a
+Mistral without intermediate_size was 11008 wide, not 14336, one without
+max_position_embeddings refused a 4096-token sequence), or is refused
+naming it where that default does not fit (MistralConfig's 8 k/v heads
+for 4 heads).  A Mistral file without sliding_window has a window of
+MistralConfig's default; a Qwen2 one without use_sliding_window none.
+
 Needs GPIPE_BINARY_DIR (set by CTest).  Prints "test_hf_config: N passed,
 N failed" last.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 
-from gpt_util import check, finish
+from gpt_util import check, finish, hf_llama_default, hf_llama_defaults
 
 BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(os.path.dirname(__file__), "..", "build"))
+SRC = os.environ.get("GPIPE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), ".."))
 
 GOOD = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
         "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 3,
@@ -54,12 +68,12 @@ def run(tool, args, timeout=20):
         return None, "", "timed out after %d s" % timeout
 
 
-def yaml(d, folder, llama="{}"):
+def yaml(d, folder, llama="{}", t=16):
     p = os.path.join(d, "c.yaml")
     with open(p, "w") as f:
-        f.write("model:\n  input: [16]\n  llama: %s\n  init_from: %s\n  loss: cross_entropy\n"
+        f.write("model:\n  input: [%d]\n  llama: %s\n  init_from: %s\n  loss: cross_entropy\n"
                 "data: {dataset: tokens, path: %s}\ntrain: {steps: 1, batch_size: 4}\n"
-                % (llama, folder, os.path.join(d, "tok")))
+                % (t, llama, folder, os.path.join(d, "tok")))
     return p
 
 
@@ -84,6 +98,125 @@ def params_of(out):
         if line.startswith("total:"):
             return int(line.split()[1])
     return None
+
+
+def llama_params(v, c, layers, heads, kv, inter, tied, qkv_bias):
+    """model.llama's parameter count: embedding, per block two norms, q, k, v (their
+    biases: Qwen2's), o and the MLP, the final norm, the head where untied (test_llama.c's
+    closed form)."""
+    kvw = c // heads * kv
+    return (v * c + layers * (2 * c + c * c + 2 * c * kvw + c * c + 3 * c * inter +
+                              ((c + 2 * kvw) if qkv_bias else 0)) + c + (0 if tied else v * c))
+
+
+def notes(text):
+    """--dry-run -v's "model.llama.KEY = VALUE (WHERE)" lines: {KEY: (VALUE, WHERE)}."""
+    out = {}
+    for m in re.finditer(r"^model\.llama\.(\w+) = (\S+) \((.*)\)$", text, re.M):
+        out[m.group(1)] = (m.group(2), m.group(3))
+    return out
+
+
+def same(a, b):
+    if isinstance(b, bool):
+        return a == ("true" if b else "false")
+    try:
+        return abs(float(a) - b) <= 1e-6 * abs(b)
+    except ValueError:
+        return False
+
+
+# model.llama's keys, the config.json keys they come from, and what the file
+# must also say for the type's default to build (MistralConfig's 8 k/v heads
+# need heads they divide); hidden_size is refused left out (4096 / 4 heads
+# are 1024 wide: test_hf_folder.py checks that one against the loader)
+TYPE_KEYS = (("layers", "num_hidden_layers", {}), ("heads", "num_attention_heads", {}),
+             ("kv_heads", "num_key_value_heads", {"num_attention_heads": 32}),
+             ("intermediate", "intermediate_size", {}), ("vocab", "vocab_size", {}),
+             ("positions", "max_position_embeddings", {}), ("rope_theta", "rope_theta", {}),
+             ("rms_eps", "rms_norm_eps", {}), ("tie", "tie_word_embeddings", {}))
+
+
+def type_defaults(d, folder, put):
+    """Each key config.json leaves out takes its model type's default, as transformers
+    takes it, not LlamaConfig's for all three."""
+    cj = os.path.join(folder, "config.json")
+    defaults, live, why = hf_llama_defaults(SRC, BIN)
+    if live is None:
+        print("test_hf_config: transformers' defaults from the fixture only (%s)" % why)
+    else:
+        defaults = dict(defaults, transformers=live["transformers"])
+        check(live == defaults, "tests/data/hf_llama_defaults.json is transformers %s's: %r"
+              % (live.get("transformers"), live))
+    cfg = yaml(d, folder)
+    for t in ("llama", "mistral", "qwen2"):
+        cls = defaults[t]["config_class"]
+        for key, jkey, extra in TYPE_KEYS:
+            c = dict(GOOD, model_type=t, **extra)
+            del c[jkey]
+            put(json.dumps(c))
+            want = hf_llama_default(defaults, t, jkey, c)
+            rc, out, err = run("gpipe-train", [cfg, "--dry-run", "-v"])
+            got = notes(out + err).get(key, ("?", ""))
+            where = ("%s: tie_word_embeddings" % cj if key == "tie"
+                     else "%s's default: %s has no %s" % (cls, cj, jkey))
+            check(rc == 0 and same(got[0], want) and got[1] == where,
+                  "model_type %s without %s: model.llama.%s = %r (%s), want %r (%s): rc %s %r"
+                  % (t, jkey, key, got[0], got[1], want, where, rc, err[-300:]))
+            v = {"layers": c.get("num_hidden_layers"), "heads": c.get("num_attention_heads"),
+                 "kv_heads": c.get("num_key_value_heads"), "vocab": c.get("vocab_size"),
+                 "intermediate": c.get("intermediate_size"), "tie": c.get("tie_word_embeddings")}
+            if key in v:
+                v[key] = want
+                n = llama_params(v["vocab"], GOOD["hidden_size"], v["layers"], v["heads"],
+                                 v["kv_heads"], v["intermediate"], v["tie"], t == "qwen2")
+                check(params_of(out) == n, "model_type %s without %s: %d parameters: %r"
+                      % (t, jkey, n, params_of(out)))
+    # a default that does not fit is refused naming it: MistralConfig's and
+    # Qwen2Config's k/v heads do not divide 4 heads (transformers builds no
+    # such model either); LlamaConfig's are the 4 heads
+    for t in ("mistral", "qwen2"):
+        c = dict(GOOD, model_type=t)
+        del c["num_key_value_heads"]
+        put(json.dumps(c))
+        want = hf_llama_default(defaults, t, "num_key_value_heads", c)
+        refused(d, cfg, "model_type %s without num_key_value_heads" % t,
+                ["kv_heads = %d (%s's default num_key_value_heads" %
+                 (want, defaults[t]["config_class"]), "heads = 4"])
+    # every size in the YAML, over a Mistral's or Qwen2's file: the YAML's (the
+    # key table's LlamaConfig defaults are still the getters', never a
+    # model type's: a getter called with another default aborts)
+    every = ("{layers: 3, heads: 4, kv_heads: 2, width: 64, intermediate: 128, vocab: 256, "
+             "positions: 64, rope_theta: 10000, rms_eps: 1e-5, tie: true, qkv_bias: false}")
+    for t in ("mistral", "qwen2"):
+        put(json.dumps(dict(GOOD, model_type=t)))
+        rc, out, err = run("gpipe-train", [yaml(d, folder, every), "--dry-run"])
+        check(rc == 0 and params_of(out) == GOOD_PARAMS,
+              "model_type %s, every size in the YAML: plans the YAML's model: rc %s %r %r"
+              % (t, rc, params_of(out), err[-300:]))
+    # the sequence against the type's max_position_embeddings and sliding
+    # window, neither in the file: Mistral's window is MistralConfig's
+    # default, Qwen2's is off without use_sliding_window
+    mw = defaults["mistral"]["sliding_window"]
+    lp = defaults["llama"]["max_position_embeddings"]
+    base = {k: v for k, v in GOOD.items() if k != "max_position_embeddings"}
+    for t, length, ok, needles in (
+            ("llama", lp + 1, False, ["positions = %d (max_position_embeddings)" % lp]),
+            ("mistral", lp + 1, True, []),
+            ("mistral", mw, True, []),
+            ("mistral", mw + 1, False, ["sliding_window = %d (absent: MistralConfig's default)"
+                                        % mw, "at most %d" % mw]),
+            ("qwen2", mw + 1, True, [])):
+        put(json.dumps(dict(base, model_type=t)))
+        long_cfg = yaml(d, folder, t=length)
+        name = "model_type %s, neither max_position_embeddings nor sliding_window, T %d" % (
+            t, length)
+        if ok:
+            rc, out, err = run("gpipe-train", [long_cfg, "--dry-run"])
+            check(rc == 0, "%s: plans: rc %s %r" % (name, rc, err[-300:]))
+        else:
+            refused(d, long_cfg, name, needles)
+    yaml(d, folder)
 
 
 def main():
@@ -152,6 +285,7 @@ def main():
             put(json.dumps(c))
             rc, out, err = run("gpipe-train", [cfg, "--dry-run"])
             check(rc == 0, "%r plans: rc %s %r" % (edit, rc, err[-300:]))
+        type_defaults(d, folder, put)
         put(good)
 
         # (1) hangs and crashes: a FIFO in every tool; num_attention_heads 0

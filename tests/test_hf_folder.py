@@ -59,9 +59,12 @@ no file has, until 2026-12-01).
     a word it does not take (GPIPE_FUSE_GELU=no, GPIPE_CPU_CONV=blockd,
     GPIPE_LOG=verbose) or a number out of range (GPIPE_CPU_COPY_DELAY_US=-4).
 
-config.json is read as transformers reads it (config_json, config_arch,
-gpt_config): a key left out takes the family's default
-(tie_word_embeddings false for a Llama), a missing or mistyped size is
+config.json is read as transformers reads it (config_json, config_types,
+config_arch, gpt_config): a key left out takes the model type's default
+(tie_word_embeddings false for a Llama; a Mistral's intermediate_size
+MistralConfig's 14336, not LlamaConfig's 11008: the defaults are
+tests/data/hf_llama_defaults.json's, made with transformers and checked
+against it where build/hf-venv has it), a missing or mistyped size is
 named as such, and what model.llama and model.gpt do not build (another
 model_type, activation, head_dim, a sliding window within the sequence,
 GPT-2's layer-scaled attention) is refused by name, also where no YAML
@@ -80,9 +83,10 @@ import subprocess
 import sys
 import tempfile
 
-from gpt_util import check, finish
+from gpt_util import check, finish, hf_llama_default, hf_llama_defaults
 
 BIN = os.environ.get("GPIPE_BINARY_DIR", os.path.join(os.path.dirname(__file__), "..", "build"))
+SRC = os.environ.get("GPIPE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), ".."))
 SIZES = "layers: 2, heads: 4, kv_heads: 2, width: 32, intermediate: 64, vocab: 256, positions: 16"
 
 
@@ -158,13 +162,66 @@ def config_json(d, src):
     check(rc == 0, "a folder without tie_word_embeddings loads untied: rc %s %r" % (rc, err[-300:]))
     v = config_variant(d, src, "novocab", lambda c: c.pop("vocab_size"))
     rc, err = gpipe([yaml(d, "nv.yaml", False, v)])
-    want = "vocab_size absent (transformers uses 32000; this model: model.llama.vocab 256)"
+    want = "vocab_size absent (transformers uses LlamaConfig's 32000; this model: " \
+        "model.llama.vocab 256)"
     check(rc > 0 and want in err, "no vocab_size: %r: rc %s %r" % (want, rc, err[-400:]))
     v = config_variant(d, src, "strsize", lambda c: c.update(hidden_size="32"))
     rc, err = gpipe([yaml(d, "ss.yaml", False, v)])
     check(rc > 0 and "config.json:" in err and "hidden_size is a string" in err and "-1" not in err,
           "hidden_size \"32\" is named a string: rc %s %r" % (rc, err[-400:]))
 
+
+
+def sample_weights(cfg, folder):
+    """gpipe-sample --weights folder under cfg, a YAML that gives every size: the loader's
+    check of its config.json against them."""
+    r = subprocess.run([os.path.join(BIN, "gpipe-sample"), cfg,
+                        "--weights", folder, "--prompt-ids", "1,2", "--tokens", "1"],
+                       capture_output=True, text=True, errors="replace", timeout=120,
+                       stdin=subprocess.DEVNULL)
+    return r.returncode, r.stderr
+
+
+def config_types(d, src):
+    """The loader compares a key config.json leaves out with its model type's default, as
+    transformers takes it (it took LlamaConfig's for Mistral and Qwen2 too: a Mistral folder
+    without num_key_value_heads was compared as 4 k/v heads, MistralConfig's are 8): the
+    folder's model loads where that default is the model's, and is refused naming the key
+    and the default where it is not."""
+    defaults, live, why = hf_llama_defaults(SRC, BIN)
+    if live is None:
+        print("test_hf_folder: transformers' defaults from the fixture only (%s)" % why)
+    else:
+        defaults = dict(defaults, transformers=live["transformers"])
+        check(live == defaults, "tests/data/hf_llama_defaults.json is transformers %s's: %r"
+              % (live.get("transformers"), live))
+    # (no q, k, v biases: the folder has none, though a Qwen2's would)
+    cfg = os.path.join(d, "types.yaml")
+    with open(cfg, "w") as f:
+        f.write("model:\n  input: [16]\n  llama: {%s, tie: false, qkv_bias: false}\n"
+                "  loss: cross_entropy\ndata: {dataset: synthetic}\n" % SIZES)
+    base = json.load(open(os.path.join(src, "config.json")))
+    base.pop("head_dim")  # (hidden_size / num_attention_heads, whatever the two are)
+    for t in ("llama", "mistral", "qwen2"):
+        cls = defaults[t]["config_class"]
+        for key in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                    "hidden_size", "intermediate_size", "vocab_size", "rms_norm_eps",
+                    "rope_theta", "tie_word_embeddings"):
+            c = dict(base, model_type=t)
+            del c[key]
+            v = config_variant(d, src, "types_%s_%s" % (t, key),
+                               lambda j, c=c: (j.clear(), j.update(c)))
+            want, model = hf_llama_default(defaults, t, key, c), base[key]
+            rc, err = sample_weights(cfg, v)
+            if want == model:
+                check(rc == 0, "model_type %s without %s (%s's %r, the model's): loads: rc %s %r"
+                      % (t, key, cls, want, rc, err[-300:]))
+            else:
+                say = ("true" if want else "false") if isinstance(want, bool) else "%.10g" % want
+                needle = "%s absent (transformers uses %s's %s; this model: " % (key, cls, say)
+                check(rc > 0 and needle in err, "model_type %s without %s: refused naming %r: "
+                      "rc %s %r" % (t, key, needle, rc, err[-400:]))
+            shutil.rmtree(v)
 
 
 def config_arch(d, src):
@@ -271,6 +328,7 @@ def main():
         rc, err = gpipe([yaml(d, "u.yaml", False, src)])
         check(rc == 0, "the untied model loads the untied folder: rc %s %r" % (rc, err[-300:]))
         config_json(d, src)
+        config_types(d, src)
         config_arch(d, src)
         export_leftovers(d)
 

@@ -42,7 +42,19 @@ here (windows of T + 1 = 17):
 5. Qwen2 (issue 77): a Qwen2ForCausalLM folder under `llama: {}` takes its
    q, k, v biases from model_type, gives transformers' loss, and exports a
    folder that AutoModelForCausalLM loads as Qwen2ForCausalLM at that loss;
-6. errors: config.json naming other sizes is refused with each difference
+6. a key config.json leaves out is its model type's default, as
+   transformers' own classes take it (issue hfdef: gpipe took
+   LlamaConfig's for Mistral and Qwen2 too): for each of llama, mistral
+   and qwen2 and each key gpipe reads, the value `--dry-run -v` says
+   model.llama takes is the one AutoConfig.from_pretrained reads from the
+   same file, and the sequence is refused for a sliding window exactly
+   where transformers has one shorter than it; a MistralForCausalLM and a
+   Qwen2ForCausalLM whose num_key_value_heads, intermediate_size (Mistral),
+   max_position_embeddings and sliding window are their classes' defaults,
+   those keys taken out of config.json, load under `llama: {}` at
+   transformers' loss (gpipe built 16 k/v heads for Mistral's 8 and refused
+   the folder);
+7. errors: config.json naming other sizes is refused with each difference
    and the model.llama key that sets it; a folder without one of the
    model's tensors, or with a tensor the model has no place for, is refused
    naming the tensor.
@@ -90,6 +102,113 @@ def hf_model(tie, seed):
 
 def hf_loss(m, windows):
     return hf_loss_of(m, windows, T, V)
+
+
+def dry_notes(d, yaml_text):
+    """gpipe-train --dry-run -v on yaml_text: (exit, output, {model.llama key: value})."""
+    import re
+    cfgp = os.path.join(d, "dry.yaml")
+    with open(cfgp, "w") as f:
+        f.write(yaml_text)
+    r = subprocess.run([os.path.join(BIN, "gpipe-train"), cfgp, "--dry-run", "-v"],
+                       capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    return r.returncode, out, dict(re.findall(r"^model\.llama\.(\w+) = (\S+) ", out, re.M))
+
+
+def type_defaults(d, data, windows):
+    """Each key a config.json of each model type leaves out: gpipe's value against
+    transformers' AutoConfig reading the same file; then two folders transformers loads
+    with such keys left out, at its loss (item 6)."""
+    import torch
+    import transformers
+    folder = os.path.join(d, "types")
+    os.makedirs(folder, exist_ok=True)
+    base = {"hidden_size": 64, "num_attention_heads": 32, "num_key_value_heads": 4,
+            "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 256,
+            "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+            "tie_word_embeddings": True}
+    ours = {"num_hidden_layers": "layers", "num_attention_heads": "heads",
+            "num_key_value_heads": "kv_heads", "hidden_size": "width",
+            "intermediate_size": "intermediate", "vocab_size": "vocab",
+            "max_position_embeddings": "positions", "rope_theta": "rope_theta",
+            "rms_norm_eps": "rms_eps", "tie_word_embeddings": "tie"}
+
+    def yaml_for(t):
+        return ("model:\n  input: [%d]\n  llama: {}\n  init_from: %s\n  loss: cross_entropy\n"
+                "data: {dataset: tokens, path: %s}\ntrain: {steps: 1, batch_size: 4}\n"
+                % (t, folder, data))
+
+    def put(cfg):
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        return transformers.AutoConfig.from_pretrained(folder)
+
+    for t in ("llama", "mistral", "qwen2"):
+        for key, gkey in ours.items():
+            c = dict(base, model_type=t)
+            del c[key]
+            want = getattr(put(c), key)
+            rc, out, got = dry_notes(d, yaml_for(T))
+            g = got.get(gkey)
+            ok = (g == ("true" if want else "false") if isinstance(want, bool) else
+                  g is not None and abs(float(g) - want) <= 1e-6 * abs(want))
+            check(rc == 0 and ok, "model_type %s without %s: model.llama.%s = %s, transformers' "
+                  "%r: exit %d %s" % (t, key, gkey, g, want, rc, out[-400:]))
+        # the window: transformers' (None: none) against a sequence one past it
+        c = {k: v for k, v in base.items() if k != "max_position_embeddings"}
+        c.update(model_type=t, max_position_embeddings=1 << 16)
+        window = getattr(put(c), "sliding_window", None)
+        longer = (window or transformers.MistralConfig().sliding_window) + 1
+        rc, out, _ = dry_notes(d, yaml_for(longer))
+        check((rc == 0) == (window is None) and (window is None or "sliding_window = %d" % window
+                                                 in out),
+              "model_type %s without sliding_window or use_sliding_window: transformers' window "
+              "%r, T %d: exit %d %s" % (t, window, longer, rc, out[-400:]))
+
+    # folders transformers loads with those keys left out, at its loss: the
+    # model made with the class's own defaults for them, under twice as many
+    # query heads 2 wide (k/v heads: Mistral's 8 under 16, Qwen2's 32 under
+    # 64; LlamaConfig's rule, as many as the heads, is another model)
+    for t, cls, drop in (
+            ("mistral", "Mistral", ("num_key_value_heads", "intermediate_size",
+                                    "max_position_embeddings", "sliding_window")),
+            ("qwen2", "Qwen2", ("num_key_value_heads", "max_position_embeddings",
+                                "sliding_window", "use_sliding_window", "max_window_layers"))):
+        cfg_cls = getattr(transformers, cls + "Config")
+        kv = cfg_cls().num_key_value_heads
+        kw = dict(vocab_size=V, num_hidden_layers=L, rms_norm_eps=EPS, rope_theta=THETA,
+                  tie_word_embeddings=True, attn_implementation="eager",
+                  num_attention_heads=2 * kv, hidden_size=4 * kv,
+                  intermediate_size=I)
+        for k in drop:  # (the rest: the class's defaults anyway)
+            kw.pop(k, None)
+        torch.manual_seed(5)
+        m = getattr(transformers, cls + "ForCausalLM")(cfg_cls(**kw)).float().eval()
+        with torch.no_grad():
+            for pn, p in m.named_parameters():
+                if pn.endswith("norm.weight"):
+                    p.uniform_(0.5, 1.5)
+                else:
+                    p.normal_(0.0, 0.2)
+        f = os.path.join(d, "%s-defaults" % t)
+        m.save_pretrained(f, safe_serialization=True)
+        with open(os.path.join(f, "config.json")) as fh:
+            cj = json.load(fh)
+        for k in drop:
+            cj.pop(k, None)
+        with open(os.path.join(f, "config.json"), "w") as fh:
+            json.dump(cj, fh)
+        ref = transformers.AutoModelForCausalLM.from_pretrained(
+            f, torch_dtype=torch.float32, attn_implementation="eager").eval()
+        want = hf_loss(ref, windows)
+        text = config(data, f, True, 1)
+        start, end = text.index("  llama: {"), text.index("  init_from:")
+        text = text[:start] + "  llama: {}\n" + text[end:]
+        rc, out, got = gpipe(d, text)
+        check(rc == 0 and got is not None and abs(got - want) <= 1e-5 * abs(want),
+              "a %s folder without %s under llama: {}: loss %s, transformers' %.8f (exit %d) %s"
+              % (cls, ", ".join(drop), got, want, rc, out[-800:]))
 
 
 def gpipe_greedy(d, yaml_text, prompt, n, extra=()):
@@ -349,6 +468,8 @@ def main():
                   abs(again - want) <= 1e-5 * abs(want),
                   "the Qwen2 run's export: %s, %s, loss %.8f against %.8f"
                   % (cj["model_type"], type(back).__name__, again, want))
+
+        type_defaults(d, data, windows)
 
         # errors: other sizes in config.json, a missing tensor, one too many
         rc, out, _ = gpipe(d, config(data, folder, True, 1).replace(

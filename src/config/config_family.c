@@ -612,6 +612,8 @@ typedef struct llama_opts {
     bool llama3, tie, qkv_bias;
     float factor, low_freq, high_freq;
     int64_t orig_positions;
+    const char *kv_default; /* the config class whose num_key_value_heads default kv_heads is
+                               (config.json leaves it out); NULL: none's */
 } llama_opts;
 
 static gp_status llama(spec_list *l, const llama_opts *o)
@@ -767,20 +769,23 @@ static gp_status llama_src_open(gp_cfg_walk *w, const gp_ynode *m, const gp_ynod
 }
 
 /* model.llama.key: the YAML's, else config.json's jkey (NULL: none) in obj
- * (the file's object where NULL), else def; in [lo, hi] either way. */
+ * (the file's object where NULL), else a default: def without config.json
+ * (the key table's, LlamaConfig's), file_def where config.json leaves jkey
+ * out (its model type's, as transformers takes it); in [lo, hi] either way. */
 static gp_status llama_int(gp_cfg_walk *w, const gp_ynode *g, const llama_src *s,
                            const gp_json_value *obj, const char *key, const char *jkey,
-                           int64_t def, int64_t lo, int64_t hi, int64_t *out)
+                           int64_t def, int64_t file_def, int64_t lo, int64_t hi, int64_t *out)
 {
     if (!gp_cfg_absent(gp_ymap_get(g, key)) || !s->cfg.json || !jkey)
         return gp_cfg_get_int(w, g, "model.llama", key, def, lo, hi, out);
-    if (gp_hf_config_int(&s->cfg, obj, jkey, def, lo, hi, out) != GP_OK)
+    if (gp_hf_config_int(&s->cfg, obj, jkey, file_def, lo, hi, out) != GP_OK)
         return llama_src_bad(w, s, key);
     if (gp_json_get(obj ? obj : s->cfg.json, jkey))
         gp_cfg_note(w, "model.llama.%s = %lld (%s: %s)", key, (long long)*out, s->cfg.path,
                     jkey);
     else
-        gp_cfg_note(w, "model.llama.%s = %lld (default: %s has no %s)", key, (long long)*out,
+        gp_cfg_note(w, "model.llama.%s = %lld (%s's default: %s has no %s)", key,
+                    (long long)*out, gp_hf_llama_defaults_of(&s->cfg)->config_class,
                     s->cfg.path, jkey);
     return GP_OK;
 }
@@ -788,13 +793,13 @@ static gp_status llama_int(gp_cfg_walk *w, const gp_ynode *g, const llama_src *s
 /* The same for a float key above lo. */
 static gp_status llama_float(gp_cfg_walk *w, const gp_ynode *g, const llama_src *s,
                              const gp_json_value *obj, const char *key, const char *jkey,
-                             double def, double lo, float *out)
+                             double def, double file_def, double lo, float *out)
 {
     if (!gp_cfg_absent(gp_ymap_get(g, key)) || !s->cfg.json || !jkey)
         return gp_cfg_get_float(w, g, "model.llama", key, (float)def, lo, INFINITY,
                                 GP_CFG_LO_OPEN, out);
     double v;
-    if (gp_hf_config_num(&s->cfg, obj, jkey, def, lo, FLT_MAX, true, &v) != GP_OK)
+    if (gp_hf_config_num(&s->cfg, obj, jkey, file_def, lo, FLT_MAX, true, &v) != GP_OK)
         return llama_src_bad(w, s, key);
     *out = (float)v;
     bool in_file = gp_json_get(obj ? obj : s->cfg.json, jkey) != NULL;
@@ -804,8 +809,8 @@ static gp_status llama_float(gp_cfg_walk *w, const gp_ynode *g, const llama_src 
         return llama_src_bad(w, s, key);
     }
     if (in_file) gp_cfg_note(w, "model.llama.%s = %g (%s: %s)", key, (double)*out, s->cfg.path, jkey);
-    else gp_cfg_note(w, "model.llama.%s = %g (default: %s has no %s)", key, (double)*out,
-                     s->cfg.path, jkey);
+    else gp_cfg_note(w, "model.llama.%s = %g (%s's default: %s has no %s)", key, (double)*out,
+                     gp_hf_llama_defaults_of(&s->cfg)->config_class, s->cfg.path, jkey);
     return GP_OK;
 }
 
@@ -815,47 +820,55 @@ static gp_status llama_sizes(gp_cfg_walk *w, const gp_ynode *g, const llama_src 
 {
     const char *gs = "model.llama";
     const gp_json_value *cj = s->cfg.json;
+    /* what config.json leaves out: its model type's defaults, as
+     * transformers takes them; what the YAML leaves out without a
+     * config.json: LlamaConfig's (the key table's, config_keys.c) */
+    const gp_hf_llama_defaults *d = gp_hf_llama_defaults_of(&s->cfg);
+    const gp_hf_llama_defaults *L = gp_hf_llama_defaults_of(NULL);
     int64_t layers;
-    GP_TRY(llama_int(w, g, s, NULL, "layers", "num_hidden_layers", GP_HF_LLAMA_LAYERS, 1, 10000,
-                     &layers));
+    GP_TRY(llama_int(w, g, s, NULL, "layers", "num_hidden_layers", L->layers, d->layers, 1,
+                     10000, &layers));
     o->layers = (int)layers;
-    GP_TRY(llama_int(w, g, s, NULL, "heads", "num_attention_heads", GP_HF_LLAMA_HEADS, 1,
+    GP_TRY(llama_int(w, g, s, NULL, "heads", "num_attention_heads", L->heads, d->heads, 1,
                      1 << 16, &o->heads));
     /* kv_heads: the YAML's; as many as the YAML's heads where it gives
-     * heads; else config.json's num_key_value_heads (absent or null: as
-     * many as its heads, as LlamaConfig takes it) */
+     * heads; else config.json's num_key_value_heads (null: as many as its
+     * heads; absent: the type's default, MistralConfig's 8, Qwen2Config's
+     * 32, LlamaConfig's as many as the heads) */
     const gp_json_value *kv = cj ? gp_json_get(cj, "num_key_value_heads") : NULL;
-    bool kv_file = cj && gp_cfg_absent(gp_ymap_get(g, "heads")) && kv && kv->kind != GP_JSON_NULL;
-    GP_TRY(llama_int(w, g, s, NULL, "kv_heads", kv_file ? "num_key_value_heads" : NULL, o->heads,
-                     1, 1 << 16, &o->kv_heads));
-    GP_TRY(llama_int(w, g, s, NULL, "width", "hidden_size", GP_HF_LLAMA_WIDTH, 1,
+    bool kv_file = cj && gp_cfg_absent(gp_ymap_get(g, "heads")) &&
+                   !(kv && kv->kind == GP_JSON_NULL);
+    bool kv_def = kv_file && !kv && d->kv_heads && gp_cfg_absent(gp_ymap_get(g, "kv_heads"));
+    GP_TRY(llama_int(w, g, s, NULL, "kv_heads", kv_file ? "num_key_value_heads" : NULL,
+                     o->heads, kv_def ? d->kv_heads : o->heads, 1, 1 << 16, &o->kv_heads));
+    o->kv_default = kv_def ? d->config_class : NULL;
+    GP_TRY(llama_int(w, g, s, NULL, "width", "hidden_size", L->width, d->width, 1,
                      (int64_t)1 << 20, &o->width));
-    GP_TRY(llama_int(w, g, s, NULL, "intermediate", "intermediate_size",
-                     GP_HF_LLAMA_INTERMEDIATE, 1, (int64_t)1 << 24, &o->intermediate));
-    GP_TRY(llama_int(w, g, s, NULL, "vocab", "vocab_size", GP_HF_LLAMA_VOCAB, 1,
+    GP_TRY(llama_int(w, g, s, NULL, "intermediate", "intermediate_size", L->intermediate,
+                     d->intermediate, 1, (int64_t)1 << 24, &o->intermediate));
+    GP_TRY(llama_int(w, g, s, NULL, "vocab", "vocab_size", L->vocab, d->vocab, 1,
                      (int64_t)1 << 24, &o->vocab));
-    GP_TRY(llama_int(w, g, s, NULL, "positions", "max_position_embeddings",
-                     GP_HF_LLAMA_POSITIONS, 1, (int64_t)1 << 40, &o->positions));
+    GP_TRY(llama_int(w, g, s, NULL, "positions", "max_position_embeddings", L->positions,
+                     d->positions, 1, (int64_t)1 << 40, &o->positions));
     /* rope_theta: config.json's, or its rope_parameters' (transformers 5) */
     const gp_json_value *rp = cj ? gp_json_get(cj, "rope_parameters") : NULL;
     bool theta_rp = cj && !gp_json_get(cj, "rope_theta") && rp && rp->kind == GP_JSON_OBJECT &&
                     gp_json_get(rp, "rope_theta");
-    GP_TRY(llama_float(w, g, s, theta_rp ? rp : NULL, "rope_theta", "rope_theta",
-                       GP_HF_LLAMA_ROPE_THETA, 1, &o->rope_theta));
-    GP_TRY(llama_float(w, g, s, NULL, "rms_eps", "rms_norm_eps", GP_HF_LLAMA_RMS_EPS, 0,
+    GP_TRY(llama_float(w, g, s, theta_rp ? rp : NULL, "rope_theta", "rope_theta", L->rope_theta,
+                       d->rope_theta, 1, &o->rope_theta));
+    GP_TRY(llama_float(w, g, s, NULL, "rms_eps", "rms_norm_eps", L->rms_eps, d->rms_eps, 0,
                        &o->rms_eps));
     GP_TRY(gp_cfg_get_float(w, g, gs, "std", 0.02f, 0, INFINITY, GP_CFG_LO_OPEN, &o->std));
     if (cj && gp_cfg_absent(gp_ymap_get(g, "tie"))) {
-        /* (false where the file leaves it out: LlamaConfig's and
-         * Qwen2Config's default, which transformers applies to these
+        /* (false where the file leaves it out: LlamaConfig's, MistralConfig's
+         * and Qwen2Config's default, which transformers applies to these
          * folders; PretrainedConfig's true is for other models) */
-        if (gp_hf_config_bool(&s->cfg, NULL, "tie_word_embeddings", GP_HF_LLAMA_TIE,
-                              &o->tie) != GP_OK)
+        if (gp_hf_config_bool(&s->cfg, NULL, "tie_word_embeddings", d->tie, &o->tie) != GP_OK)
             return llama_src_bad(w, s, "tie");
         gp_cfg_note(w, "model.llama.tie = %s (%s: tie_word_embeddings)",
                     o->tie ? "true" : "false", s->cfg.path);
     } else {
-        GP_TRY(gp_cfg_get_bool(w, g, gs, "tie", GP_HF_LLAMA_TIE, &o->tie));
+        GP_TRY(gp_cfg_get_bool(w, g, gs, "tie", L->tie, &o->tie));
     }
     /* q, k and v biases: Qwen2's folders have them (model_type qwen2);
      * LlamaConfig's attention_bias puts one on o_proj too, and mlp_bias on
@@ -973,11 +986,17 @@ static gp_status parse_llama(gp_cfg_walk *w, const gp_ynode *m, gp_model_config 
                           "model.llama.width = %lld into heads of an even size up to 512 "
                           "(rope turns pairs): Llama 3.2 1B is 2048 / 32, 8B 4096 / 32",
                           (long long)o.heads, (long long)o.width);
-    if (o.heads % o.kv_heads != 0)
-        return gp_cfg_bad(w, kn ? kn : gkey, "model.llama.kv_heads = %lld does not divide "
+    if (o.heads % o.kv_heads != 0) {
+        char why[200] = "";
+        if (o.kv_default)
+            snprintf(why, sizeof why, " (%s's default num_key_value_heads: model.init_from's "
+                     "config.json leaves it out; give it there or as model.llama.kv_heads)",
+                     o.kv_default);
+        return gp_cfg_bad(w, kn ? kn : gkey, "model.llama.kv_heads = %lld%s does not divide "
                           "model.llama.heads = %lld: each k and v head serves heads / kv_heads "
-                          "query heads (Llama 3: 8 of 32)", (long long)o.kv_heads,
+                          "query heads (Llama 3: 8 of 32)", (long long)o.kv_heads, why,
                           (long long)o.heads);
+    }
     int64_t T = mc->input[0];
     const gp_ynode *inn = gp_ymap_get(m, "input");
     if (mc->input[1] != 1 || mc->input[2] != 1)

@@ -197,18 +197,48 @@ static gp_status str_of(const gp_hf_config *c, const char *key, const char **out
     return GP_OK;
 }
 
-/* The sliding window transformers applies (0: none), and the key that sets it. */
-static gp_status sliding_window(const gp_hf_config *c, const char *type, int64_t *window)
+/* transformers 4.44.2's models/{llama,mistral,qwen2}/configuration_*.py,
+ * their __init__'s keyword defaults (5.24's dataclass fields are the same
+ * numbers).  tests/test_hf_config.py and test_hf_folder.py check gpipe's
+ * use of each against transformers' own classes where build/hf-venv has
+ * them. */
+static const gp_hf_llama_defaults hf_llama_defaults[] = {
+    {.model_type = "llama", .config_class = "LlamaConfig", .layers = 32, .heads = 32,
+     .kv_heads = 0, .width = 4096, .intermediate = 11008, .vocab = 32000, .positions = 2048,
+     .rope_theta = 10000.0, .rms_eps = 1e-6, .tie = false, .window = 0},
+    {.model_type = "mistral", .config_class = "MistralConfig", .layers = 32, .heads = 32,
+     .kv_heads = 8, .width = 4096, .intermediate = 14336, .vocab = 32000,
+     .positions = 4096 * 32, .rope_theta = 10000.0, .rms_eps = 1e-6, .tie = false,
+     .window = 4096},
+    {.model_type = "qwen2", .config_class = "Qwen2Config", .layers = 32, .heads = 32,
+     .kv_heads = 32, .width = 4096, .intermediate = 22016, .vocab = 151936,
+     .positions = 32768, .rope_theta = 10000.0, .rms_eps = 1e-6, .tie = false, .window = 4096,
+     .window_switch = "use_sliding_window"},
+};
+
+const gp_hf_llama_defaults *gp_hf_llama_defaults_of(const gp_hf_config *c)
+{
+    const gp_json_value *t = c && c->json ? gp_json_get(c->json, "model_type") : NULL;
+    if (t && t->kind == GP_JSON_STRING)
+        for (size_t k = 0; k < sizeof hf_llama_defaults / sizeof *hf_llama_defaults; k++)
+            if (!strcmp(t->str, hf_llama_defaults[k].model_type)) return &hf_llama_defaults[k];
+    return &hf_llama_defaults[0];
+}
+
+/* The sliding window transformers applies (0: none); *absent where the
+ * file has no sliding_window and the type's default applies. */
+static gp_status sliding_window(const gp_hf_config *c, const gp_hf_llama_defaults *d,
+                                int64_t *window, bool *absent)
 {
     *window = 0;
-    bool use = !strcmp(type, "mistral"); /* (LlamaConfig has none) */
-    if (!strcmp(type, "qwen2"))
-        GP_TRY(gp_hf_config_bool(c, NULL, "use_sliding_window", false, &use));
+    *absent = false;
+    bool use = d->window > 0;
+    if (use && d->window_switch) GP_TRY(gp_hf_config_bool(c, NULL, d->window_switch, false, &use));
     if (!use) return GP_OK;
     const gp_json_value *v = gp_json_get(c->json, "sliding_window");
     if (v && v->kind == GP_JSON_NULL) return GP_OK; /* MistralConfig's and Qwen2Config's none */
-    /* (absent: 4096, MistralConfig's and Qwen2Config's default) */
-    return gp_hf_config_int(c, NULL, "sliding_window", 4096, 1, INT64_MAX, window);
+    *absent = !v;
+    return gp_hf_config_int(c, NULL, "sliding_window", d->window, 1, INT64_MAX, window);
 }
 
 gp_status gp_hf_llama_supported(const gp_hf_config *c, int64_t T)
@@ -216,6 +246,7 @@ gp_status gp_hf_llama_supported(const gp_hf_config *c, int64_t T)
     const char *type, *act;
     char at[1300];
     GP_TRY(str_of(c, "model_type", &type));
+    const gp_hf_llama_defaults *def = gp_hf_llama_defaults_of(c);
     if (type && strcmp(type, "llama") && strcmp(type, "mistral") && strcmp(type, "qwen2"))
         return gp_error_set(GP_ERR_UNSUPPORTED, "%s = '%s': model.llama builds Llama, Mistral "
                             "and Qwen2 (model_type llama, mistral or qwen2); another family's "
@@ -235,9 +266,9 @@ gp_status gp_hf_llama_supported(const gp_hf_config *c, int64_t T)
     if (hd && hd->kind != GP_JSON_NULL) {
         int64_t d, width, heads;
         GP_TRY(gp_hf_config_int(c, NULL, "head_dim", 0, 1, 1 << 20, &d));
-        GP_TRY(gp_hf_config_int(c, NULL, "hidden_size", GP_HF_LLAMA_WIDTH, 1, (int64_t)1 << 20,
+        GP_TRY(gp_hf_config_int(c, NULL, "hidden_size", def->width, 1, (int64_t)1 << 20,
                                 &width));
-        GP_TRY(gp_hf_config_int(c, NULL, "num_attention_heads", GP_HF_LLAMA_HEADS, 1, 1 << 16,
+        GP_TRY(gp_hf_config_int(c, NULL, "num_attention_heads", def->heads, 1, 1 << 16,
                                 &heads));
         if (d * heads != width)
             return gp_error_set(GP_ERR_UNSUPPORTED, "%s = %lld, but hidden_size / "
@@ -249,14 +280,17 @@ gp_status gp_hf_llama_supported(const gp_hf_config *c, int64_t T)
                                 (long long)width);
     }
     int64_t window;
-    GP_TRY(sliding_window(c, type ? type : "llama", &window));
+    bool absent;
+    GP_TRY(sliding_window(c, def, &window, &absent));
+    char dflt[96] = "", on[96] = "";
+    if (absent) snprintf(dflt, sizeof dflt, " (absent: %s's default)", def->config_class);
+    if (def->window_switch) snprintf(on, sizeof on, ", %s true", def->window_switch);
     if (window > 0 && window < T)
-        return gp_error_set(GP_ERR_UNSUPPORTED, "%s: sliding_window = %lld (model_type %s%s): "
+        return gp_error_set(GP_ERR_UNSUPPORTED, "%s: sliding_window = %lld%s (model_type %s%s): "
                             "each token attends to the %lld up to it, and this model's "
                             "sequences are %lld long, but gpipe's attention sees the whole "
                             "sequence (it has no sliding window): give model.input a length "
-                            "of at most %lld", c->path, (long long)window, type,
-                            strcmp(type, "qwen2") ? "" : ", use_sliding_window true",
+                            "of at most %lld", c->path, (long long)window, dflt, type, on,
                             (long long)window, (long long)T, (long long)window);
     return GP_OK;
 }

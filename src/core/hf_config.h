@@ -60,21 +60,40 @@ gp_status gp_hf_config_num(const gp_hf_config *c, const gp_json_value *obj, cons
 gp_status gp_hf_config_bool(const gp_hf_config *c, const gp_json_value *obj, const char *key,
                             bool def, bool *out);
 
-/* LlamaConfig's defaults (transformers), which transformers applies to a
- * Llama-family folder's config.json (Llama, Mistral, Qwen2) where it leaves
- * the key out: the config parser's model.llama defaults and the weights
- * loader's comparison both take them from here, so a key left out means
- * the same to both (tie_word_embeddings: LlamaConfig's and Qwen2Config's
- * false, not PretrainedConfig's true). */
-#define GP_HF_LLAMA_LAYERS 32          /* num_hidden_layers */
-#define GP_HF_LLAMA_HEADS 32           /* num_attention_heads */
-#define GP_HF_LLAMA_WIDTH 4096         /* hidden_size */
-#define GP_HF_LLAMA_INTERMEDIATE 11008 /* intermediate_size */
-#define GP_HF_LLAMA_VOCAB 32000        /* vocab_size */
-#define GP_HF_LLAMA_POSITIONS 2048     /* max_position_embeddings */
-#define GP_HF_LLAMA_ROPE_THETA 10000.0 /* rope_theta */
-#define GP_HF_LLAMA_RMS_EPS 1e-6       /* rms_norm_eps */
-#define GP_HF_LLAMA_TIE false          /* tie_word_embeddings */
+/* The defaults transformers applies where a Llama-family folder's
+ * config.json leaves a key out: its model type's own config class's
+ * (LlamaConfig, MistralConfig, Qwen2Config: transformers 4.44.2, the parity
+ * reference; 5.x has the same numbers), not LlamaConfig's for all three (a
+ * Mistral folder without intermediate_size is 14336 wide, not 11008).  The
+ * config parser's model.llama defaults (LlamaConfig's where there is no
+ * config.json) and the weights loader's comparison both take them from
+ * here, so a key left out means the same to both.  tie_word_embeddings is
+ * false for all three, not PretrainedConfig's true; num_key_value_heads
+ * null is as many as num_attention_heads for all three, but absent it is
+ * MistralConfig's 8 and Qwen2Config's 32. */
+typedef struct gp_hf_llama_defaults {
+    const char *model_type;   /* "llama", "mistral", "qwen2" */
+    const char *config_class; /* "LlamaConfig"...: for messages */
+    int64_t layers;           /* num_hidden_layers */
+    int64_t heads;            /* num_attention_heads */
+    int64_t kv_heads;         /* num_key_value_heads absent (0: as many as the heads) */
+    int64_t width;            /* hidden_size */
+    int64_t intermediate;     /* intermediate_size */
+    int64_t vocab;            /* vocab_size */
+    int64_t positions;        /* max_position_embeddings */
+    double rope_theta;        /* rope_theta */
+    double rms_eps;           /* rms_norm_eps */
+    bool tie;                 /* tie_word_embeddings */
+    int64_t window;           /* sliding_window absent (0: the type has no sliding window) */
+    const char *window_switch; /* the key that turns it on, default off (Qwen2's
+                                  use_sliding_window); NULL: on unless sliding_window is
+                                  null (Mistral's) */
+} gp_hf_llama_defaults;
+
+/* The defaults of c's model_type (c NULL, or a file without model_type
+ * or with another type, which gp_hf_llama_supported refuses: LlamaConfig's).
+ * Static storage; thread-safe. */
+const gp_hf_llama_defaults *gp_hf_llama_defaults_of(const gp_hf_config *c);
 
 /* Whether c, a Llama-family folder's config.json, describes what model.llama
  * builds, beyond the sizes (a folder that does not loaded and gave another

@@ -348,13 +348,15 @@ static bool llama_tied(const gp_wmodel *m)
 /* config.json against the model: its differences, in msg. */
 typedef struct cfg_cmp {
     const gp_hf_config *hc;
+    const gp_hf_llama_defaults *def; /* its model type's, for the keys it leaves out */
     char msg[1500];
 } cfg_cmp;
 
 enum {
     CMP_BOOL = 1,       /* true or false (else a number) */
     CMP_NULL_DEF = 2,   /* null reads as absent (num_key_value_heads) */
-    CMP_LLAMA3_DEF = 4, /* the default is Llama 3's (rope_scaling's keys), not LlamaConfig's */
+    CMP_LLAMA3_DEF = 4, /* the default is Llama 3's (rope_scaling's keys), not the config
+                           class's */
 };
 
 static void cmp_note(cfg_cmp *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -380,7 +382,7 @@ static const char *cmp_value(char *buf, size_t len, int flags, double v)
  * `label`, against the model's value, set by model.llama key `ours`: a
  * difference noted, with the file's value or, where the file leaves the
  * key out, the one transformers takes then (def: the config parser's
- * default, GP_HF_LLAMA_*); a value of the wrong type is an error naming
+ * default, the model type's, c->def); a value of the wrong type is an error naming
  * the file, its line and column and the type (issue: a missing or wrong
  * value read as -1, "vocab_size -1"). */
 static gp_status cmp_key(cfg_cmp *c, const gp_json_value *obj, const char *key, const char *label,
@@ -401,10 +403,11 @@ static gp_status cmp_key(cfg_cmp *c, const gp_json_value *obj, const char *key, 
     cmp_value(fv, sizeof fv, flags, file);
     cmp_value(mv, sizeof mv, flags, model);
     if (!absent) cmp_note(c, "%s %s (this model: %s %s)", label, fv, ours, mv);
+    else if (flags & CMP_LLAMA3_DEF)
+        cmp_note(c, "%s absent (taken as Llama 3's %s; this model: %s %s)", label, fv, ours, mv);
     else
-        cmp_note(c, "%s absent (%s %s; this model: %s %s)", label,
-                 flags & CMP_LLAMA3_DEF ? "taken as Llama 3's" : "transformers uses", fv, ours,
-                 mv);
+        cmp_note(c, "%s absent (transformers uses %s's %s; this model: %s %s)", label,
+                 c->def->config_class, fv, ours, mv);
     return GP_OK;
 }
 
@@ -413,30 +416,35 @@ static gp_status cmp_sizes(cfg_cmp *c, const gp_wmodel *m)
 {
     const gp_layer *emb = first_of(m, GP_LAYER_EMBEDDING), *att = first_of(m, GP_LAYER_ATTENTION);
     const gp_layer *rms = first_of(m, GP_LAYER_RMS_NORM), *sw = first_of(m, GP_LAYER_SWIGLU);
+    const gp_hf_llama_defaults *d = c->def;
     if (emb) {
-        GP_TRY(cmp_key(c, NULL, "hidden_size", "hidden_size", 0, GP_HF_LLAMA_WIDTH,
+        GP_TRY(cmp_key(c, NULL, "hidden_size", "hidden_size", 0, (double)d->width,
                        (double)emb->spec.dim, "model.llama.width"));
-        GP_TRY(cmp_key(c, NULL, "vocab_size", "vocab_size", 0, GP_HF_LLAMA_VOCAB,
+        GP_TRY(cmp_key(c, NULL, "vocab_size", "vocab_size", 0, (double)d->vocab,
                        (double)emb->spec.vocab, "model.llama.vocab"));
     }
-    GP_TRY(cmp_key(c, NULL, "num_hidden_layers", "num_hidden_layers", 0, GP_HF_LLAMA_LAYERS,
+    GP_TRY(cmp_key(c, NULL, "num_hidden_layers", "num_hidden_layers", 0, (double)d->layers,
                    llama_blocks(m), "model.llama.layers"));
     if (att) {
-        double h = GP_HF_LLAMA_HEADS;
+        double h = (double)d->heads;
         GP_TRY(gp_hf_config_num(c->hc, NULL, "num_attention_heads", h, -INFINITY, INFINITY,
                                 false, &h));
         GP_TRY(cmp_key(c, NULL, "num_attention_heads", "num_attention_heads", 0,
-                       GP_HF_LLAMA_HEADS, (double)att->spec.heads, "model.llama.heads"));
-        GP_TRY(cmp_key(c, NULL, "num_key_value_heads", "num_key_value_heads", CMP_NULL_DEF, h,
-                       (double)(att->spec.kv_heads ? att->spec.kv_heads : att->spec.heads),
+                       (double)d->heads, (double)att->spec.heads, "model.llama.heads"));
+        /* null: as many as the heads, for every type; absent: the type's
+         * default (MistralConfig's 8, Qwen2Config's 32; LlamaConfig's the heads) */
+        const gp_json_value *kv = gp_json_get(c->hc->json, "num_key_value_heads");
+        double kv_def = !kv && d->kv_heads ? (double)d->kv_heads : h;
+        GP_TRY(cmp_key(c, NULL, "num_key_value_heads", "num_key_value_heads", CMP_NULL_DEF,
+                       kv_def, (double)(att->spec.kv_heads ? att->spec.kv_heads : att->spec.heads),
                        "model.llama.kv_heads"));
     }
     if (sw && sw->out_shape.ndim > 0)
         GP_TRY(cmp_key(c, NULL, "intermediate_size", "intermediate_size", 0,
-                       GP_HF_LLAMA_INTERMEDIATE, (double)sw->out_shape.dims[sw->out_shape.ndim - 1],
+                       (double)d->intermediate, (double)sw->out_shape.dims[sw->out_shape.ndim - 1],
                        "model.llama.intermediate"));
     if (rms)
-        GP_TRY(cmp_key(c, NULL, "rms_norm_eps", "rms_norm_eps", 0, GP_HF_LLAMA_RMS_EPS,
+        GP_TRY(cmp_key(c, NULL, "rms_norm_eps", "rms_norm_eps", 0, d->rms_eps,
                        (double)rms->spec.eps, "model.llama.rms_eps"));
     return GP_OK;
 }
@@ -450,7 +458,7 @@ static gp_status cmp_rope(cfg_cmp *c, const gp_layer *rope)
     bool theta_rp = !gp_json_get(cfg, "rope_theta") && rp && rp->kind == GP_JSON_OBJECT &&
                     gp_json_get(rp, "rope_theta");
     GP_TRY(cmp_key(c, theta_rp ? rp : NULL, "rope_theta", "rope_theta", 0,
-                   GP_HF_LLAMA_ROPE_THETA, (double)rope->spec.rope_theta,
+                   c->def->rope_theta, (double)rope->spec.rope_theta,
                    "model.llama.rope_theta"));
     const gp_json_value *sc = rs && rs->kind == GP_JSON_OBJECT   ? rs
                               : rp && rp->kind == GP_JSON_OBJECT ? rp
@@ -486,7 +494,7 @@ static gp_status check_config(const gp_wmodel *m, const char *dir)
         gp_hf_config_free(&hc);
         return st;
     }
-    cfg_cmp c = {.hc = &hc};
+    cfg_cmp c = {.hc = &hc, .def = gp_hf_llama_defaults_of(&hc)};
     const gp_layer *rope = first_of(m, GP_LAYER_ROPE), *emb = first_of(m, GP_LAYER_EMBEDDING);
     /* the architecture first: a Gemma's sizes would be named, not Gemma */
     st = gp_hf_llama_supported(&hc, emb ? emb->in_shape.dims[1] : 0);
@@ -494,7 +502,7 @@ static gp_status check_config(const gp_wmodel *m, const char *dir)
     if (st == GP_OK && rope) st = cmp_rope(&c, rope);
     if (st == GP_OK)
         st = cmp_key(&c, NULL, "tie_word_embeddings", "tie_word_embeddings", CMP_BOOL,
-                     GP_HF_LLAMA_TIE, llama_tied(m), "model.llama.tie");
+                     c.def->tie, llama_tied(m), "model.llama.tie");
     if (st == GP_OK && c.msg[0])
         st = gp_error_set(GP_ERR_INVALID, "%s does not describe this model: %s; set the "
                           "model.llama keys named to the folder's values", hc.path, c.msg);
