@@ -789,6 +789,24 @@ static void test_profile_identity(const gp_config *cfg, const gp_profile *q, con
     CHECK(rewrite(path, p2, "\"batch\":", "\"skips\": [[1e300, 2]], \"batch\":"));
     CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA,
               "\"skips\"[0] is 1e+300, not a whole number from 0 to");
+    /* the whole messages of a count, of a count in a layer and of a list
+     * item (one check makes all three: each says where, what and the fix) */
+    const char *redo = "; re-create the profile with gpipe-balance --profile-out";
+    CHECK(rewrite(path, p2, "\"batch\":", "\"contend\": 2.5, \"batch\":"));
+    snprintf(want, sizeof want, "profile '%s': \"contend\" is 2.5, not a whole number from 0 "
+             "to 65536%s", p2, redo);
+    CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA, want);
+    CHECK(!strcmp(gp_last_error(), want));
+    CHECK(rewrite(path, p2, "\"keep_per_sample\":", "\"x_chain_from\": 3, \"keep_per_sample\":"));
+    snprintf(want, sizeof want, "profile '%s': layers[0]: \"x_chain_from\" is 3, not a whole "
+             "number from 0 to -1%s", p2, redo);
+    CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA, want);
+    CHECK(!strcmp(gp_last_error(), want));
+    CHECK(rewrite(path, p2, "\"input\": [1,12,12]", "\"input\": [1,12,-7]"));
+    snprintf(want, sizeof want, "profile '%s': \"input\"[2] is -7, not a whole number from 1 "
+             "to 1099511627776%s", p2, redo);
+    CHECK_ERR(gp_profile_load(p2, &r), GP_ERR_DATA, want);
+    CHECK(!strcmp(gp_last_error(), want));
     remove(p2);
 }
 

@@ -186,18 +186,30 @@ static double jnum_amount(jctx *c, const gp_json_value *o, const char *key, cons
     return c->st == GP_OK ? v : 0;
 }
 
-/* jnum_req for a count: a whole number in [lo, hi] (issue 77: a cached
- * profile's "batch": 1e300 became a batch of -2^63 in every later run). */
+/* v as a count: a whole number in [lo, hi], checked before the cast (1e300
+ * cast to an integer is undefined; issue 77: a cached profile's "batch":
+ * 1e300 became a batch of -2^63 in every later run).  The error names
+ * where, key and, for a list item (z >= 0), its index; 0 after an error. */
+static int64_t jwhole(jctx *c, double v, int64_t lo, int64_t hi, const char *where,
+                      const char *key, int z)
+{
+    if (c->st == GP_OK && !(v == floor(v) && v >= (double)lo && v <= (double)hi)) {
+        char item[16] = "";
+        if (z >= 0) snprintf(item, sizeof item, "[%d]", z);
+        c->st = gp_error_set(GP_ERR_DATA, "profile '%s': %s%s\"%s\"%s is %g, not a whole number "
+                             "from %lld to %lld; re-create the profile with gpipe-balance "
+                             "--profile-out", c->path, where, where[0] ? ": " : "", key, item, v,
+                             (long long)lo, (long long)hi);
+    }
+    return c->st == GP_OK ? (int64_t)v : 0;
+}
+
+/* jnum_req for a count: a whole number in [lo, hi]. */
 static int64_t jint_req(jctx *c, const gp_json_value *o, const char *key, int64_t lo, int64_t hi,
                         const char *where)
 {
     double v = jnum_req(c, o, key, where);
-    if (c->st == GP_OK && !(v == floor(v) && v >= (double)lo && v <= (double)hi))
-        c->st = gp_error_set(GP_ERR_DATA, "profile '%s': %s%s\"%s\" is %g, not a whole number "
-                             "from %lld to %lld; re-create the profile with gpipe-balance "
-                             "--profile-out", c->path, where, where[0] ? ": " : "", key, v,
-                             (long long)lo, (long long)hi);
-    return c->st == GP_OK ? (int64_t)v : 0;
+    return jwhole(c, v, lo, hi, where, key, -1);
 }
 
 /* A list (of n items unless n < 0). */
@@ -225,17 +237,12 @@ static double jitem_req(jctx *c, const gp_json_value *list, int z, const char *k
     return c->st == GP_OK ? v : 0;
 }
 
-/* A list item that is a whole number in [lo, hi], checked before the cast
- * (1e300 cast to an int is undefined); 0 after an error. */
+/* A list item that is a whole number in [lo, hi]; 0 after an error. */
 static int64_t jitem_int(jctx *c, const gp_json_value *list, int z, const char *key, int64_t lo,
                          int64_t hi)
 {
     double v = jitem_req(c, list, z, key);
-    if (c->st == GP_OK && !(v == floor(v) && v >= (double)lo && v <= (double)hi))
-        c->st = gp_error_set(GP_ERR_DATA, "profile '%s': \"%s\"[%d] is %g, not a whole number "
-                             "from %lld to %lld; re-create the profile with gpipe-balance "
-                             "--profile-out", c->path, key, z, v, (long long)lo, (long long)hi);
-    return c->st == GP_OK ? (int64_t)v : 0;
+    return jwhole(c, v, lo, hi, "", key, z);
 }
 
 gp_status gp_profile_load(const char *path, gp_profile *out)
