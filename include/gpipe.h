@@ -259,11 +259,12 @@ typedef struct gp_decoder gp_decoder;
 gp_status gp_decoder_open(gp_run *run, int64_t samples, gp_decoder **out);
 /* ids (samples, n): the next n token ids of each sequence (as floats).
  * out: (samples, n, row) logits of every new position when `all` is
- * nonzero, else (samples, row) of each sequence's last new position (the
- * head then runs on it alone); row = gp_run_info.output_numel / T, a
- * padded vocabulary's padding included.  Past T positions in all:
- * GP_ERR_INVALID (rewind and feed the last ones again); a failed feed
- * leaves the positions fed before it. */
+ * nonzero, else (samples, row) of each sequence's last new position (a
+ * last layer that acts on each position alone then runs on it alone; an
+ * attention, rope or embedding runs on all n, which it needs); row =
+ * gp_run_info.output_numel / T, a padded vocabulary's padding included.
+ * Past T positions in all: GP_ERR_INVALID (rewind and feed the last ones
+ * again); a failed feed leaves the positions fed before it. */
 gp_status gp_decoder_feed(gp_decoder *dec, const float *ids, int64_t n, int all, float *out);
 /* Positions fed so far, and the most there is room for (T). */
 int64_t gp_decoder_length(const gp_decoder *dec);

@@ -17,8 +17,11 @@
  *     window's evaluation rounds it: within bf16's rounding);
  *   - rewinding to a length and feeding the rest again gives those
  *     positions' logits again;
- *   - a model whose last layer pops a skip (it runs on every position fed):
- *     a feed of the last positions only gives each sequence's last;
+ *   - a model whose last layer pops a skip, and models whose last layer
+ *     mixes or knows positions (attention, rope, an embedding alone): a
+ *     feed of the last positions only gives each sequence's last, equal to
+ *     the window's and to the same feed's with all, and leaves every row
+ *     fed in the cache (the positions fed after it equal the window's);
  *   - a feed past T, a feed after a step, a model with a convolution, bad
  *     ids: refused with what to do.  (Every layer type that takes (N, T,
  *     C) is one the decoder runs, so its refusal of other layers by name
@@ -92,6 +95,42 @@ static const char *k_pop_last =
     "data: {dataset: synthetic}\n"
     "train: {batch_size: 4, seed: 3}\n";
 
+/* Last layers that mix positions or know them (attention over the cache,
+ * rope's angles, the embedding's position rows): a feed of the last
+ * positions only must run them on every position fed, so that each row
+ * sits at its own position and every row's keys and values reach the
+ * cache, and give each sequence's last row then */
+static const char *k_attn_last =
+    "model:\n"
+    "  input: [16]\n"
+    "  loss: cross_entropy\n"
+    "  layers:\n"
+    "    - embedding: {vocab: 50, dim: 24, positions: 16}\n"
+    "    - linear: {out: 72}\n"
+    "    - attention: {heads: 2}\n"
+    "data: {dataset: synthetic}\n"
+    "train: {batch_size: 4, seed: 3}\n";
+
+static const char *k_rope_last =
+    "model:\n"
+    "  input: [16]\n"
+    "  loss: cross_entropy\n"
+    "  layers:\n"
+    "    - embedding: {vocab: 50, dim: 24, positions: 0}\n"
+    "    - linear: {out: 72}\n"
+    "    - rope: {heads: 2}\n"
+    "data: {dataset: synthetic}\n"
+    "train: {batch_size: 4, seed: 3}\n";
+
+static const char *k_embedding_only =
+    "model:\n"
+    "  input: [16]\n"
+    "  loss: cross_entropy\n"
+    "  layers:\n"
+    "    - embedding: {vocab: 50, dim: 50, positions: 16}\n"
+    "data: {dataset: synthetic}\n"
+    "train: {batch_size: 4, seed: 3}\n";
+
 static gp_run *load(const char *name, const char *yaml, const char *const *sets, int n)
 {
     char path[400];
@@ -137,6 +176,58 @@ static void check_rows(const char *what, const float *got, const float *ref, int
               "%s: positions %lld..%lld: the cache's logits %g from the window's (scale %g, "
               "tolerance %g)", what, (long long)p0, (long long)(p0 + n - 1), worst, scale,
               tol * scale);
+}
+
+/* A sampler's feeds: a prompt of 5 and then 4 more, the last position
+ * only, then the rest, all of them, on a cache whose rows hold other
+ * tokens' keys and values.  Each last row equals the window's and that of
+ * the same feed with all (on a second decoder): a last layer that mixes or
+ * knows positions ran on every row fed, each at its own position.  The
+ * rest equal the window's: every row of the last-only feeds reached the
+ * cache (an attention layer's row left unwritten, or written at another
+ * position, would change them). */
+static void last_only(const char *what, gp_run *run, const float *ids, const float *ref,
+                      int64_t V, double tol)
+{
+    float *got = malloc((size_t)(S * T * V) * sizeof *got);
+    float *every = malloc((size_t)(S * T * V) * sizeof *every), feed[S * T];
+    gp_decoder *d = NULL, *e = NULL;
+    CHECK(got && every);
+    if (got && every) CHECK_OK(gp_decoder_open(run, S, &d));
+    if (d) CHECK_OK(gp_decoder_open(run, S, &e));
+    if (!d || !e) goto out;
+    for (int i = 0; i < S * T; i++) feed[i] = (float)(((int)ids[i] + 17) % 50);
+    CHECK_OK(gp_decoder_feed(d, feed, T, 1, got));
+    CHECK_OK(gp_decoder_rewind(d, 0));
+    int64_t plan[] = {5, 4, 7};
+    int64_t p = 0;
+    for (size_t k = 0; k < sizeof plan / sizeof *plan; k++) {
+        int64_t n = plan[k];
+        bool all = k == 2;
+        for (int64_t q = 0; q < S; q++)
+            for (int64_t i = 0; i < n; i++) feed[q * n + i] = ids[q * T + p + i];
+        CHECK_OK(gp_decoder_feed(d, feed, n, all, got));
+        check_rows(what, got, ref, V, p, n, all, tol);
+        CHECK_OK(gp_decoder_feed(e, feed, n, 1, every));
+        if (!all) {
+            double worst = 0, scale = 0;
+            for (int64_t q = 0; q < S; q++) {
+                double sc, x = max_diff(got + q * V, every + (q * n + n - 1) * V, V, &sc);
+                if (!(x <= worst)) worst = x;
+                if (sc > scale) scale = sc;
+            }
+            CHECK_MSG(worst <= tol * scale && scale > 0, "%s: positions %lld..%lld: the last "
+                      "row %g from all's (scale %g)", what, (long long)p,
+                      (long long)(p + n - 1), worst, scale);
+        }
+        p += n;
+    }
+    CHECK(p == T && gp_decoder_length(d) == T);
+out:
+    gp_decoder_free(d);
+    gp_decoder_free(e);
+    free(got);
+    free(every);
 }
 
 /* The decoder against the window for the run's model. */
@@ -194,6 +285,7 @@ static void against_window(const char *what, gp_run *run, double tol)
               "at least one id per sequence (n = 0)");
     CHECK(gp_decoder_length(d) == 0);
     gp_decoder_free(d);
+    last_only(what, run, ids, ref, V, tol);
 out:
     free(ref);
     free(got);
@@ -225,6 +317,9 @@ static void test_models(void)
         {"llama_2stages", k_llama, two_llama, 4, 2e-6},
         {"llama_bf16", k_llama, b16, 1, 2e-2},
         {"pop_last", k_pop_last, NULL, 0, 2e-6},
+        {"attention_last", k_attn_last, NULL, 0, 2e-6},
+        {"rope_last", k_rope_last, NULL, 0, 2e-6},
+        {"embedding_only", k_embedding_only, NULL, 0, 2e-6},
     };
     for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
         gp_run *run = load(runs[i].name, runs[i].yaml, runs[i].sets, runs[i].n);

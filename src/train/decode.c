@@ -45,12 +45,17 @@ struct gp_decoder {
     bool bf16_copies;
 };
 
-/* The layer types a decoder runs: position-wise ones, and the three that
- * know positions (embedding, rope, attention). */
-static bool decodable(gp_layer_type t)
+/* How a decoder runs a layer type: not at all; on each position alone
+ * (its row i of the output reads row i of each input and nothing else); or
+ * knowing the positions (the embedding's position rows and rope's angles
+ * are pos0's on, attention reads and extends the cache), so on every
+ * position fed, each at its own.  The layer table (gp_layer_ops) does not
+ * say it: a type a decoder runs is classed here by hand. */
+typedef enum { DEC_NO, DEC_PER_POSITION, DEC_POSITIONS } dec_kind;
+
+static dec_kind decode_kind(gp_layer_type t)
 {
     switch (t) {
-    case GP_LAYER_EMBEDDING:
     case GP_LAYER_LINEAR:
     case GP_LAYER_LAYER_NORM:
     case GP_LAYER_RMS_NORM:
@@ -58,14 +63,16 @@ static bool decodable(gp_layer_type t)
     case GP_LAYER_RELU:
     case GP_LAYER_LEAKY_RELU:
     case GP_LAYER_SWIGLU:
+    case GP_LAYER_ADD:
+    case GP_LAYER_DROPOUT: /* (evaluation: the identity) */
+    case GP_LAYER_IDENTITY:
+        return DEC_PER_POSITION;
+    case GP_LAYER_EMBEDDING:
     case GP_LAYER_ROPE:
     case GP_LAYER_ATTENTION:
-    case GP_LAYER_ADD:
-    case GP_LAYER_DROPOUT:
-    case GP_LAYER_IDENTITY:
-        return true;
+        return DEC_POSITIONS;
     default:
-        return false;
+        return DEC_NO;
     }
 }
 
@@ -103,7 +110,7 @@ gp_status gp_model_decoder_open(gp_model *m, const gp_config *cfg, int64_t sampl
                             "vocabulary)");
     for (int k = 0; k < m->n_layers; k++) {
         const gp_layer *l = &m->layers[k];
-        if (!decodable(l->spec.type))
+        if (decode_kind(l->spec.type) == DEC_NO)
             return refuse(l, "is not a layer a Transformer decoder runs one position at a time");
         bool ok = positions_axis(&l->in_shape, T, k == 0) && positions_axis(&l->out_shape, T,
                                                                              false);
@@ -193,7 +200,22 @@ static gp_status last_rows(const gp_tensor *t, gp_tensor *out)
     return s;
 }
 
-/* The n new positions through every layer: cur the ids in, the output out. */
+/* Each input of last layer L cut to the last row of each sequence (only
+ * they are asked for): cut[] owns the copies, x[] is pointed at them. */
+static gp_status last_inputs(gp_layer *L, gp_tensor *x, gp_tensor *cut)
+{
+    for (int q = 0; q < L->n_in; q++) {
+        GP_TRY(last_rows(&x[q], &cut[q]));
+        x[q] = cut[q];
+    }
+    with_positions(&L->in_shape, 1);
+    with_positions(&L->out_shape, 1);
+    for (int q = 0; q + 1 < L->n_in; q++) with_positions(&L->pop_shape[q], 1);
+    return GP_OK;
+}
+
+/* The n new positions through every layer: cur the ids in, the output out:
+ * (S, n, row), or (S, 1, row) unless all. */
 static gp_status run_layers(gp_decoder *d, gp_tensor *cur, int64_t n, bool all, gp_tensor *pend)
 {
     gp_model *m = d->m;
@@ -213,15 +235,16 @@ static gp_status run_layers(gp_decoder *d, gp_tensor *cur, int64_t n, bool all, 
             if (gp_model_stage_of(m, from) != j) s = cross(d, &pend[t], L.dev);
             x[1 + q] = pend[t];
         }
-        /* the head alone on the last positions, where only they are asked for */
-        gp_tensor last = {0};
-        if (s == GP_OK && !all && n > 1 && k == m->n_layers - 1 && L.n_in == 1) {
-            s = last_rows(cur, &last);
-            if (s == GP_OK) {
-                x[0] = last;
-                with_positions(&L.in_shape, 1);
-                with_positions(&L.out_shape, 1);
-            }
+        /* Where only the last positions are asked for, a last layer that
+         * acts on each position alone runs on their rows alone; one that
+         * knows positions runs on every row fed (each at its own position,
+         * each one's keys and values into the cache), and its output is
+         * cut after. */
+        bool cut_out = !all && n > 1 && k == m->n_layers - 1;
+        gp_tensor cut[1 + GP_MAX_POPS] = {{0}};
+        if (s == GP_OK && cut_out && decode_kind(L.spec.type) == DEC_PER_POSITION) {
+            s = last_inputs(&L, x, cut);
+            cut_out = false;
         }
         gp_fwd_ctx ctx = {.training = false, .seed = d->cfg->train.seed,
                           .step = (uint64_t)m->step, .batch_total = d->S, .pos0 = d->len,
@@ -230,7 +253,13 @@ static gp_status run_layers(gp_decoder *d, gp_tensor *cur, int64_t n, bool all, 
         gp_saved sv = {0};
         if (s == GP_OK) s = gp_layer_forward(&L, &ctx, x, &y, &sv);
         gp_saved_free(&sv);
-        gp_tensor_free(&last);
+        for (int q = 0; q < L.n_in; q++) gp_tensor_free(&cut[q]);
+        if (s == GP_OK && cut_out) {
+            gp_tensor last = {0};
+            s = last_rows(&y, &last);
+            gp_tensor_free(&y);
+            y = last;
+        }
         /* the inputs done with (a view's free is nothing), the output on:
          * a stashed one owned by its skip, cur viewing it */
         gp_tensor_free(cur);
@@ -275,14 +304,6 @@ gp_status gp_decoder_feed(gp_decoder *d, const float *ids, int64_t n, int all, f
     gp_tensor *pend = calloc((size_t)(m->skips.n ? m->skips.n : 1), sizeof *pend);
     if (!pend) s = gp_error_set(GP_ERR_OOM, "out of host memory");
     if (s == GP_OK) s = run_layers(d, &cur, n, all != 0, pend);
-    if (s == GP_OK && !all && cur.dims[1] > 1) {
-        /* a last layer that pops a skip ran on every position (its skip
-         * input has them all): out takes the last of each sequence */
-        gp_tensor last = {0};
-        s = last_rows(&cur, &last);
-        gp_tensor_free(&cur);
-        cur = last;
-    }
     if (s == GP_OK) s = gp_tensor_download_f32(&cur, out);
     if (s == GP_OK) s = gp_dev_synchronize(cur.dev);
     gp_tensor_free(&cur);
