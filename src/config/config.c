@@ -156,7 +156,7 @@ gp_status gp_config_parse_with(const char *name, const char *text, size_t len,
         return gp_error_set(GP_ERR_INVALID, "%.80s...: the config's path is too long (at "
                             "most %zu characters)", name, sizeof out->path - 1);
     gp_ynode *root = NULL;
-    GP_TRY(gp_ytree_parse(name, NULL, text ? text : "", len, &root));
+    GP_TRY(gp_ytree_parse(name, NULL, text ? text : "", len, &root, NULL));
     /* An empty (or comment-only) file with overrides: what is missing is
      * the file's, not the last override's, which the walk would name. */
     bool empty = root->kind == GP_YNODE_NULL, set = false;

@@ -49,16 +49,15 @@ struct gp_ynode {
 
 /* Parse `text` (len bytes) into a tree.  Messages start with
  * "name:line:column: " or, when `set` is not NULL, with "--set <set>: ".
- * An empty document gives *out = a null node. */
+ * An empty document gives *out = a null node.  *alias_or_end (where not
+ * NULL): whether the text uses an alias (*name) or ends its document with
+ * "...": the tree holds an alias's copy, so a section copied as text may
+ * name an anchor that a section written from the tree no longer defines;
+ * and a section written after an explicit end would be a second document
+ * (gp_config_text_applied). */
 gp_status gp_ytree_parse(const char *name, const char *set, const char *text,
-                         size_t len, gp_ynode **out);
+                         size_t len, gp_ynode **out, bool *alias_or_end);
 void gp_ynode_free(gp_ynode *n);
-/* Whether text (a document gp_ytree_parse accepts) uses an alias (*name),
- * or ends its document with "...": the tree holds an alias's copy, so a
- * section copied as text may name an anchor that a section written from
- * the tree no longer defines; and a section written after an explicit end
- * would be a second document. */
-bool gp_ytext_alias_or_end(const char *text, size_t len);
 
 /* Apply one override "a.b.c=value" to the tree rooted at *root (which may
  * be replaced).  An empty (or blank) value is an error that shows an

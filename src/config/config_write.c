@@ -158,9 +158,10 @@ static void set_top(const char *set, char *key, size_t len)
  * in LF (or CR LF) and no other line break, no alias (a section written
  * from the tree holds the anchored value's copy and no anchor, which a
  * copied one may name) and no "..." (the sections written after it would
- * be a second document).  Otherwise the config is written whole from the
- * tree (its comments and layout lost, its content kept). */
-static bool layout_kept(const char *text, const gp_ynode *root)
+ * be a second document): alias_or_end, as gp_ytree_parse saw the text.
+ * Otherwise the config is written whole from the tree (its comments and
+ * layout lost, its content kept). */
+static bool layout_kept(const char *text, const gp_ynode *root, bool alias_or_end)
 {
     if (root->kind != GP_YNODE_MAP) return root->kind == GP_YNODE_NULL;
     for (int i = 0; i < root->n; i++) {
@@ -175,16 +176,52 @@ static bool layout_kept(const char *text, const gp_ynode *root)
      * numbers off the text's LFs */
     if (strstr(text, "\xc2\x85") || strstr(text, "\xe2\x80\xa8") || strstr(text, "\xe2\x80\xa9"))
         return false;
-    return !gp_ytext_alias_or_end(text, strlen(text));
+    return !alias_or_end;
+}
+
+/* A top-level key of the file and the line it starts on, as the parser
+ * placed it: the file's lines are copied section by section by these. */
+typedef struct section {
+    int line;
+    char *key; /* owned */
+} section;
+
+static void sections_free(section *sec, int n)
+{
+    for (int i = 0; sec && i < n; i++) free(sec[i].key);
+    free(sec);
+}
+
+/* The sections of the file's tree root (a map, or a null: none), taken
+ * before the overrides change the tree (they add keys, and may replace the
+ * root), so that the text is parsed once.  *out NULL where there are none. */
+static gp_status sections_of(const gp_ynode *root, section **out, int *n)
+{
+    *out = NULL;
+    *n = 0;
+    if (root->kind != GP_YNODE_MAP || root->n == 0) return GP_OK;
+    section *sec = calloc((size_t)root->n, sizeof *sec);
+    if (!sec) return gp_error_set(GP_ERR_OOM, "out of memory writing a config");
+    for (int i = 0; i < root->n; i++) {
+        sec[i].line = root->keys[i]->line;
+        sec[i].key = strdup(root->keys[i]->text); /* (a text: layout_kept) */
+        if (!sec[i].key) {
+            sections_free(sec, i);
+            return gp_error_set(GP_ERR_OOM, "out of memory writing a config");
+        }
+    }
+    *out = sec;
+    *n = root->n;
+    return GP_OK;
 }
 
 /* The top-level key whose section holds line `ln` (1-based; NULL before
  * the first: the file's opening comments). */
-static const char *section_of(const gp_ynode *root, int ln)
+static const char *section_at(const section *sec, int n, int ln)
 {
     const char *key = NULL;
-    for (int i = 0; root->kind == GP_YNODE_MAP && i < root->n; i++)
-        if (root->keys[i]->line <= ln) key = root->keys[i]->text;
+    for (int i = 0; i < n; i++)
+        if (sec[i].line <= ln) key = sec[i].key;
     return key;
 }
 
@@ -193,13 +230,18 @@ gp_status gp_config_text_applied(const gp_config *c, const char *drop, char **ou
     *out = NULL;
     const char *text = c->text ? c->text : "";
     gp_ynode *root = NULL;
-    GP_TRY(gp_ytree_parse(c->path[0] ? c->path : "<config>", NULL, text, strlen(text), &root));
-    bool keep = layout_kept(text, root); /* the file's own tree, before the overrides */
+    bool alias_or_end;
+    GP_TRY(gp_ytree_parse(c->path[0] ? c->path : "<config>", NULL, text, strlen(text), &root,
+                          &alias_or_end));
+    bool keep = layout_kept(text, root, alias_or_end); /* the file's tree, not overridden */
+    section *sec = NULL;
+    int n_sec = 0;
+    gp_status s = keep ? sections_of(root, &sec, &n_sec) : GP_OK;
     char touched[MAX_TOUCHED][64];
     int nt = 0;
-    gp_status s = GP_OK;
-    char *ov = c->overrides ? strdup(c->overrides) : NULL;
-    if (c->overrides && !ov) s = gp_error_set(GP_ERR_OOM, "out of memory writing a config");
+    char *ov = s == GP_OK && c->overrides ? strdup(c->overrides) : NULL;
+    if (s == GP_OK && c->overrides && !ov)
+        s = gp_error_set(GP_ERR_OOM, "out of memory writing a config");
     for (char *line = ov, *next; s == GP_OK && line && *line; line = next) {
         next = strchr(line, '\n');
         if (next) *next++ = '\0';
@@ -220,6 +262,7 @@ gp_status gp_config_text_applied(const gp_config *c, const char *drop, char **ou
     if (s == GP_OK && !o) s = gp_error_set(GP_ERR_OOM, "out of memory writing a config");
     if (s != GP_OK) {
         gp_ynode_free(root);
+        sections_free(sec, n_sec);
         return s;
     }
     if (!keep) {
@@ -238,14 +281,11 @@ gp_status gp_config_text_applied(const gp_config *c, const char *drop, char **ou
     /* the file's lines, less the touched and dropped sections: each from
      * its key's line to the next key's, as the parser placed them (a line
      * at column 1 inside a flow map or a quoted scalar is no key) */
-    gp_ynode *file = NULL;
-    if (keep) s = gp_ytree_parse(c->path[0] ? c->path : "<config>", NULL, text, strlen(text),
-                                 &file);
     int ln = 1;
-    for (const char *p = text; s == GP_OK && keep && *p; ln++) {
+    for (const char *p = text; keep && *p; ln++) {
         const char *e = strchr(p, '\n');
         size_t n = e ? (size_t)(e - p) + 1 : strlen(p);
-        const char *key = section_of(file, ln);
+        const char *key = section_at(sec, n_sec, ln);
         bool skipping = key && drop && !strcmp(key, drop);
         for (int i = 0; key && i < nt; i++) skipping |= !strcmp(key, touched[i]);
         if (!skipping) fwrite(p, 1, n, o);
@@ -263,10 +303,10 @@ gp_status gp_config_text_applied(const gp_config *c, const char *drop, char **ou
         put_value(o, v, 0);
     }
     gp_ynode_free(root);
-    gp_ynode_free(file);
-    if (fclose(o) != 0 || !buf || s != GP_OK) {
+    sections_free(sec, n_sec);
+    if (fclose(o) != 0 || !buf) {
         free(buf);
-        return s != GP_OK ? s : gp_error_set(GP_ERR_OOM, "out of memory writing a config");
+        return gp_error_set(GP_ERR_OOM, "out of memory writing a config");
     }
     *out = buf;
     return GP_OK;

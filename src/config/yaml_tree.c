@@ -222,6 +222,7 @@ typedef struct builder {
     int n_anchors, cap_anchors;
     long budget;            /* nodes still allowed */
     int documents;
+    bool alias_or_end;      /* an alias seen, or an explicit document end */
 } builder;
 
 /* "name:line:column: " or "--set <set>: " prefix for position (line, col). */
@@ -420,8 +421,10 @@ static gp_status handle_event(builder *b, const yaml_event_t *e, bool *done)
 {
     int line = (int)e->start_mark.line + 1, col = (int)e->start_mark.column + 1;
     switch (e->type) {
-    case YAML_STREAM_START_EVENT:
     case YAML_DOCUMENT_END_EVENT:
+        b->alias_or_end |= !e->data.document_end.implicit; /* "..." */
+        return GP_OK;
+    case YAML_STREAM_START_EVENT:
     case YAML_NO_EVENT:
         return GP_OK;
     case YAML_STREAM_END_EVENT:
@@ -433,6 +436,7 @@ static gp_status handle_event(builder *b, const yaml_event_t *e, bool *done)
                              "second '---' and what follows, or merge them");
         return GP_OK;
     case YAML_ALIAS_EVENT: {
+        b->alias_or_end = true;
         const gp_ynode *target = find_anchor(b, (const char *)e->data.alias.anchor);
         if (!target)
             return build_err(b, line, col, "unknown alias '*%.80s' (anchors must be "
@@ -507,9 +511,10 @@ static gp_status handle_event(builder *b, const yaml_event_t *e, bool *done)
 }
 
 gp_status gp_ytree_parse(const char *name, const char *set, const char *text,
-                         size_t len, gp_ynode **out)
+                         size_t len, gp_ynode **out, bool *alias_or_end)
 {
     *out = NULL;
+    if (alias_or_end) *alias_or_end = false;
     builder b = {.name = name, .set = set, .text = text, .len = len,
                  .budget = GP_YAML_MAX_NODES};
     yaml_parser_t p;
@@ -541,25 +546,8 @@ gp_status gp_ytree_parse(const char *name, const char *set, const char *text,
         b.root->kind = GP_YNODE_NULL;
     }
     *out = b.root;
+    if (alias_or_end) *alias_or_end = b.alias_or_end;
     return GP_OK;
-}
-
-bool gp_ytext_alias_or_end(const char *text, size_t len)
-{
-    yaml_parser_t p;
-    if (!yaml_parser_initialize(&p)) return true; /* (the caller's safe side) */
-    yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
-    bool alias = false, done = false;
-    while (!done && !alias) {
-        yaml_event_t e;
-        if (!yaml_parser_parse(&p, &e)) break;
-        alias = e.type == YAML_ALIAS_EVENT ||
-                (e.type == YAML_DOCUMENT_END_EVENT && !e.data.document_end.implicit);
-        done = e.type == YAML_STREAM_END_EVENT;
-        yaml_event_delete(&e);
-    }
-    yaml_parser_delete(&p);
-    return alias;
 }
 
 /* ---- overrides ---------------------------------------------------------- */
@@ -775,7 +763,7 @@ gp_status gp_ytree_override(gp_ynode **root, const char *set)
     }
     gp_ynode *val = NULL;
     if (s == GP_OK)
-        s = gp_ytree_parse(gp_opt_name(GP_OPT_SET), set, eq + 1, strlen(eq + 1), &val);
+        s = gp_ytree_parse(gp_opt_name(GP_OPT_SET), set, eq + 1, strlen(eq + 1), &val, NULL);
     if (s == GP_OK) {
         if (!*root) {
             *root = set_map(set);
