@@ -35,8 +35,10 @@
  *     of a large layer within statistical tolerance, bitwise the same on
  *     two devices, handed to the convolutions of composite layers;
  *   - parameter counts and names (torchvision BasicBlock), FLOPs and
- *     saved_bytes, shape-inference messages, init determinism and
- *     independence of placement, and no leaked device memory.
+ *     saved_bytes, shape-inference messages, a layer's description cut
+ *     by a small buffer between characters (UTF-8 names and paths), init
+ *     determinism and independence of placement, and no leaked device
+ *     memory.
  */
 #include "layers/layers_impl.h"
 #include "test_util.h"
@@ -1834,6 +1836,56 @@ static void test_errors(gp_device *dev)
 
 /* ---- initialisation --------------------------------------------------------- */
 
+/* Whether s is UTF-8: every character's lead byte followed by as many
+ * continuation bytes as it says (naive; overlong forms not looked for). */
+static bool utf8_valid(const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        int more = *p < 0x80 ? 0 : *p >= 0xC0 && *p < 0xE0 ? 1 : *p >= 0xE0 && *p < 0xF0 ? 2
+                 : *p >= 0xF0 && *p < 0xF8 ? 3 : -1;
+        if (more < 0) return false;
+        p++;
+        for (int q = 0; q < more; q++, p++)
+            if ((*p & 0xC0) != 0x80) return false;
+    }
+    return true;
+}
+
+/* A layer's description cut by a small buffer (a profile's 96 bytes, a
+ * message's) ends between two characters of its name, path and override,
+ * not inside one: at every buffer size, the longest prefix of the whole
+ * description that ends on a character boundary and fits. */
+static void test_describe_utf8(void)
+{
+    gp_layer_spec s = spec_of(GP_LAYER_LINEAR);
+    s.out = 4;
+    for (int k = 0; k < 31; k++) memcpy(s.name + 2 * k, "\xc3\xa9", 3);        /* e acute */
+    snprintf(s.file, sizeof s.file, "/d/");
+    for (int k = 0; k < 40; k++) memcpy(s.file + 3 + 3 * k, "\xe6\x97\xa5", 4); /* CJK */
+    s.line = 12;
+    s.column = 7;
+    snprintf(s.set, sizeof s.set, "model.layers.9.out=");
+    for (int k = 0; k < 18; k++) memcpy(s.set + 19 + 4 * k, "\xf0\x9f\x99\x82", 5); /* emoji */
+    char whole[1024], cut[1024];
+    gp_layer_spec_describe(&s, 9, whole, sizeof whole);
+    size_t n = strlen(whole);
+    CHECK(n > 300 && utf8_valid(whole) && strstr(whole, s.name) && strstr(whole, s.file) &&
+          strstr(whole, s.set));
+    int bad = 0;
+    for (size_t len = 1; len <= n + 1; len++) {
+        memset(cut, 'x', sizeof cut);
+        gp_layer_spec_describe(&s, 9, cut, len);
+        size_t want = len - 1 < n ? len - 1 : n;
+        while (want > 0 && want < n && ((unsigned char)whole[want] & 0xC0) == 0x80) want--;
+        bool ok = strnlen(cut, len) == want && !memcmp(cut, whole, want) && utf8_valid(cut);
+        if (!ok && bad++ < 3)
+            fprintf(stderr, "describe in %zu bytes: \"%.*s\" (%zu bytes), want the first %zu "
+                    "of \"%s\"\n", len, (int)strnlen(cut, len), cut, strnlen(cut, len), want,
+                    whole);
+    }
+    CHECK_MSG(bad == 0, "%d of %zu buffer sizes cut a character of the description", bad, n + 1);
+}
+
 static void test_init(gp_device *dev, gp_device *dev2)
 {
     gp_layer_spec cs = spec_of(GP_LAYER_CONV2D);
@@ -2175,6 +2227,7 @@ int main(void)
     test_cross_entropy(dev);
     test_counts(dev);
     test_errors(dev);
+    test_describe_utf8();
     test_init(dev, dev2);
     test_init_kaiming_normal(dev, dev2);
     test_avgpool_divisor(dev);

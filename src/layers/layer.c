@@ -166,18 +166,36 @@ const char *gp_layer_window_str(const gp_layer_spec *s, char *buf, size_t len)
 
 /* ---- descriptions and errors ------------------------------------------ */
 
+/* Where s[0..n) ends if a UTF-8 character cut at n is dropped whole: n,
+ * or the start of the character whose lead byte and 0-2 continuations end
+ * it.  Bytes that are no UTF-8 anyway are left as they are. */
+static size_t utf8_whole(const char *s, size_t n)
+{
+    size_t k = n, more = 0;
+    while (k > 0 && more < 3 && ((unsigned char)s[k - 1] & 0xC0) == 0x80) k--, more++;
+    if (k == 0) return n;
+    unsigned char lead = (unsigned char)s[k - 1];
+    size_t want = lead >= 0xF8 ? 0 : lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : 0;
+    return more < want ? k - 1 : n;
+}
+
+/* fmt's text at buf + off; off after it.  A text cut by len ends before
+ * the character it would cut in half (a layer's name or its config's path
+ * in a message, which a JSON writer or a terminal then reads as UTF-8),
+ * and every later append is nothing, as after a cut between characters. */
 static size_t append(char *buf, size_t len, size_t off, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static size_t append(char *buf, size_t len, size_t off, const char *fmt, ...)
 {
-    if (off >= len) return off;
+    if (off + 1 >= len) return off; /* full, or cut: buf ends at off */
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(buf + off, len - off, fmt, ap);
     va_end(ap);
     if (n < 0) return off;
-    off += (size_t)n;
-    return off < len ? off : len - 1;
+    if ((size_t)n < len - off) return off + (size_t)n;
+    buf[utf8_whole(buf, len - 1)] = '\0';
+    return len - 1;
 }
 
 const char *gp_layer_spec_describe(const gp_layer_spec *sp, int index, char *buf, size_t len)
