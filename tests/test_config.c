@@ -1491,6 +1491,62 @@ static void test_load(void)
     CHECK_MSG(loaded >= 8, "%d example configs loaded", loaded);
 }
 
+/* Whether s is UTF-8: every lead byte followed by as many continuation
+ * bytes as it says (naive; overlong forms not looked for). */
+static bool utf8_valid(const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        int more = *p < 0x80 ? 0 : *p >= 0xC0 && *p < 0xE0 ? 1 : *p >= 0xE0 && *p < 0xF0 ? 2
+                 : *p >= 0xF0 && *p < 0xF8 ? 3 : -1;
+        if (more < 0) return false;
+        p++;
+        for (int q = 0; q < more; q++, p++)
+            if ((*p & 0xC0) != 0x80) return false;
+    }
+    return true;
+}
+
+/* A layer keeps its config's path and the --set that made it for its
+ * messages in fixed fields (128 and 96 bytes): a longer path of
+ * multi-byte characters is cut between characters, to "..." and its tail
+ * (a layer of the file) or its head (a family's), and so is a longer
+ * override; each cut at every offset of the characters (3-byte ones in the
+ * path, 2-byte ones in the override). */
+static void test_layer_places_utf8(void)
+{
+    const char *unet = "model:\n  input: [3, 64, 64]\n  unet: {}\n  loss: bce_with_logits\n";
+    for (int shift = 0; shift < 3; shift++) {
+        char path[256] = "/tmp/", set[160];
+        for (int k = 0; k < shift; k++) strcat(path, "a");
+        for (int k = 0; k < 60; k++) strcat(path, "\xe6\x97\xa5"); /* CJK */
+        for (int k = 0; k < shift; k++) strcat(path, "a"); /* (the tail's cut moves too) */
+        strcat(path, "/c.yaml");
+        snprintf(set, sizeof set, "model.layers.4={linear: {out: 10, name: %s", shift ? "b" : "");
+        for (int k = 0; k < 31; k++) strcat(set, "\xc3\xa9"); /* e acute */
+        strcat(set, "}}");
+        const char *sets[] = {set};
+        char file[128] = "", by[96] = "", fam[128] = "";
+        gp_config c;
+        if (gp_config_parse(path, k_base, strlen(k_base), sets, 1, &c) == GP_OK) {
+            memcpy(file, c.model.layers[0].file, sizeof file);
+            memcpy(by, c.model.layers[4].set, sizeof by);
+            gp_config_free(&c);
+        }
+        if (gp_config_parse(path, unet, strlen(unet), NULL, 0, &c) == GP_OK) {
+            memcpy(fam, c.model.layers[0].file, sizeof fam);
+            gp_config_free(&c);
+        }
+        size_t f = strlen(file), n = strlen(path), g = strlen(fam), b = strlen(by);
+        CHECK_MSG(utf8_valid(file) && f > sizeof file - 4 && !strncmp(file, "...", 3) &&
+                  !strcmp(path + n - (f - 3), file + 3), "shift %d: '%s' for '%s'", shift, file,
+                  path);
+        CHECK_MSG(utf8_valid(fam) && g > sizeof fam - 4 && !strncmp(path, fam, g),
+                  "shift %d: '%s' for '%s'", shift, fam, path);
+        CHECK_MSG(utf8_valid(by) && b > sizeof by - 3 && !strncmp(set, by, b),
+                  "shift %d: '%s' for '%s'", shift, by, set);
+    }
+}
+
 /* The last error is exactly `want` (CHECK_ERR only looks for a part). */
 #define CHECK_EXACT(expr, want)                                                   \
     do {                                                                          \
@@ -2051,6 +2107,7 @@ int main(void)
     test_empty_override();
     test_text_applied();
     test_load();
+    test_layer_places_utf8();
     test_fuzz();
     return gpt_finish("test_config");
 }

@@ -89,10 +89,10 @@ static gp_layer_spec *push(spec_list *l, gp_layer_type t, const char *name)
     gp_layer_spec *s = &l->specs[l->n++];
     *s = gp_layer_spec_default(t);
     snprintf(s->name, sizeof s->name, "%s", name);
-    snprintf(s->file, sizeof s->file, "%s", l->file);
+    gp_cfg_copy_text(s->file, sizeof s->file, l->file);
     s->line = l->line;
     s->column = l->column;
-    snprintf(s->set, sizeof s->set, "%s", l->set);
+    gp_cfg_copy_text(s->set, sizeof s->set, l->set);
     return s;
 }
 

@@ -147,6 +147,10 @@ void gp_cfg_nearest(const char *word, const char *const *names, int n, char *buf
 void gp_cfg_non_ascii(const char *word, char *buf, size_t len);
 /* "a, b, c" */
 void gp_cfg_list_names(const char *const *names, int n, char *buf, size_t len);
+/* src into dst (len > 0 bytes), cut where it does not fit before the
+ * character the cut would split (gp_utf8_cut): a layer's path or --set
+ * kept for its messages. */
+void gp_cfg_copy_text(char *dst, size_t len, const char *src);
 
 /* Every key of map m against the schema of section `sect`; an unknown one
  * is an error with the best hint (the key elsewhere, a near miss, the keys

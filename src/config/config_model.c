@@ -182,8 +182,14 @@ static bool has_key(const char *const *keys, int n, const char *k)
 static void keep_tail(char *dst, size_t len, const char *path)
 {
     size_t n = strlen(path), room = len - 1;
-    if (n <= room) snprintf(dst, len, "%s", path);
-    else snprintf(dst, len, "...%s", path + (n - room + 3));
+    if (n <= room) {
+        snprintf(dst, len, "%s", path);
+        return;
+    }
+    /* from a character's first byte (a continuation byte is half of one) */
+    const char *tail = path + (n - room + 3);
+    while (((unsigned char)*tail & 0xC0) == 0x80) tail++;
+    snprintf(dst, len, "...%s", tail);
 }
 
 /* gp_cfg_bad at a layer's type key, naming the override that made or
@@ -244,7 +250,7 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
     }
     /* the override that made or changed it, for the layer's messages */
     const char *by = gp_ynode_set_within(item);
-    if (by) snprintf(spec->set, sizeof spec->set, "%s", by);
+    if (by) gp_cfg_copy_text(spec->set, sizeof spec->set, by);
     const char *tname = gp_layer_type_name(t);
     const char *keys[16];
     int nk = gp_cfg_layer_keys(t, keys);

@@ -268,6 +268,14 @@ void gp_cfg_nearest(const char *word, const char *const *names, int n, char *buf
     }
 }
 
+void gp_cfg_copy_text(char *dst, size_t len, const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= len) n = gp_utf8_cut(src, len - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
 void gp_cfg_non_ascii(const char *word, char *buf, size_t len)
 {
     const unsigned char *p = (const unsigned char *)word;

@@ -88,6 +88,12 @@ const char *gp_shell_word(const char *s, char *buf, size_t len);
  * control bytes (below 0x20, and 0x7f) written \xNN, so that a binary file's
  * error cannot drive the terminal; "..." after a cut.  Into buf. */
 const char *gp_error_quote(const char *s, size_t n, size_t most, char *buf, size_t len);
+/* Where a text cut at n bytes (s[0..n)) ends so that it ends between two
+ * UTF-8 characters: n, or the start of the character the cut would leave
+ * without some of its continuation bytes (a name or a path cut by a fixed
+ * buffer, which a JSON writer or a terminal then reads).  Bytes that are
+ * no UTF-8 anyway are left as they are. */
+size_t gp_utf8_cut(const char *s, size_t n);
 #define GP_ERRMSG_LEN 2048          /* its buffer, the terminating 0 included */
 void gp_error_clear(void);
 /* The exit status gpipe's tools give for s (the one map, which a failing

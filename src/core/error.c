@@ -160,6 +160,16 @@ const char *gp_error_quote(const char *s, size_t n, size_t most, char *buf, size
     return buf;
 }
 
+size_t gp_utf8_cut(const char *s, size_t n)
+{
+    size_t k = n, more = 0;
+    while (k > 0 && more < 3 && ((unsigned char)s[k - 1] & 0xC0) == 0x80) k--, more++;
+    if (k == 0) return n;
+    unsigned char lead = (unsigned char)s[k - 1];
+    size_t want = lead >= 0xF8 ? 0 : lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : 0;
+    return more < want ? k - 1 : n;
+}
+
 int gp_status_exit_code(gp_status s)
 {
     switch (s) {

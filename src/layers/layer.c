@@ -166,19 +166,6 @@ const char *gp_layer_window_str(const gp_layer_spec *s, char *buf, size_t len)
 
 /* ---- descriptions and errors ------------------------------------------ */
 
-/* Where s[0..n) ends if a UTF-8 character cut at n is dropped whole: n,
- * or the start of the character whose lead byte and 0-2 continuations end
- * it.  Bytes that are no UTF-8 anyway are left as they are. */
-static size_t utf8_whole(const char *s, size_t n)
-{
-    size_t k = n, more = 0;
-    while (k > 0 && more < 3 && ((unsigned char)s[k - 1] & 0xC0) == 0x80) k--, more++;
-    if (k == 0) return n;
-    unsigned char lead = (unsigned char)s[k - 1];
-    size_t want = lead >= 0xF8 ? 0 : lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : 0;
-    return more < want ? k - 1 : n;
-}
-
 /* fmt's text at buf + off; off after it.  A text cut by len ends before
  * the character it would cut in half (a layer's name or its config's path
  * in a message, which a JSON writer or a terminal then reads as UTF-8),
@@ -194,7 +181,7 @@ static size_t append(char *buf, size_t len, size_t off, const char *fmt, ...)
     va_end(ap);
     if (n < 0) return off;
     if ((size_t)n < len - off) return off + (size_t)n;
-    buf[utf8_whole(buf, len - 1)] = '\0';
+    buf[gp_utf8_cut(buf, len - 1)] = '\0';
     return len - 1;
 }
 
