@@ -780,9 +780,15 @@ static void free_dx(const gp_layer *l, gp_tensor *dx)
 static void took(const gp_layer *l, gp_tensor *dx, gp_tensor *take)
 {
     if (!take || !dx[0].mem || dx[0].owned || dx[0].mem != take->mem) return;
-    int owner = 0;
+    int owner = 0, pops = 0;
     for (int q = 1; q < l->n_in; q++)
-        if (dx[q].mem == take->mem && !dx[q].owned) owner = q;
+        if (dx[q].mem == take->mem && !dx[q].owned) owner = q, pops++;
+    /* One pop at most shares the main input's gradient (the plain add's
+     * one): checkpoint.c add_stash_grad settles a view against the one
+     * skip gradient that owns its memory, adding into it and handing it
+     * on; a second pop's gradient, a view of the same memory, would be
+     * read after that (its stash's gradient summed twice, or read freed). */
+    GP_ASSERT(pops <= 1);
     dx[owner].owned = true;
     *take = (gp_tensor){0};
 }
