@@ -11,6 +11,7 @@
 #define GP_TEST_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +93,21 @@ static inline void *gpt_read_file(const char *path, size_t *n)
     b[got] = '\0';
     if (n) *n = got;
     return b;
+}
+
+/* Whether s is UTF-8: every character's lead byte followed by as many
+ * continuation bytes as it says (naive; overlong forms not looked for). */
+static inline bool gpt_utf8_valid(const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        int more = *p < 0x80 ? 0 : *p >= 0xC0 && *p < 0xE0 ? 1 : *p >= 0xE0 && *p < 0xF0 ? 2
+                 : *p >= 0xF0 && *p < 0xF8 ? 3 : -1;
+        if (more < 0) return false;
+        p++;
+        for (int q = 0; q < more; q++, p++)
+            if ((*p & 0xC0) != 0x80) return false;
+    }
+    return true;
 }
 
 /* The sanitizer a test runs under, from GPIPE_SANITIZED, which CI's

@@ -1491,21 +1491,6 @@ static void test_load(void)
     CHECK_MSG(loaded >= 8, "%d example configs loaded", loaded);
 }
 
-/* Whether s is UTF-8: every lead byte followed by as many continuation
- * bytes as it says (naive; overlong forms not looked for). */
-static bool utf8_valid(const char *s)
-{
-    for (const unsigned char *p = (const unsigned char *)s; *p;) {
-        int more = *p < 0x80 ? 0 : *p >= 0xC0 && *p < 0xE0 ? 1 : *p >= 0xE0 && *p < 0xF0 ? 2
-                 : *p >= 0xF0 && *p < 0xF8 ? 3 : -1;
-        if (more < 0) return false;
-        p++;
-        for (int q = 0; q < more; q++, p++)
-            if ((*p & 0xC0) != 0x80) return false;
-    }
-    return true;
-}
-
 /* A layer keeps its config's path and the --set that made it for its
  * messages in fixed fields (128 and 96 bytes): a longer path of
  * multi-byte characters is cut between characters, to "..." and its tail
@@ -1537,12 +1522,12 @@ static void test_layer_places_utf8(void)
             gp_config_free(&c);
         }
         size_t f = strlen(file), n = strlen(path), g = strlen(fam), b = strlen(by);
-        CHECK_MSG(utf8_valid(file) && f > sizeof file - 4 && !strncmp(file, "...", 3) &&
+        CHECK_MSG(gpt_utf8_valid(file) && f > sizeof file - 4 && !strncmp(file, "...", 3) &&
                   !strcmp(path + n - (f - 3), file + 3), "shift %d: '%s' for '%s'", shift, file,
                   path);
-        CHECK_MSG(utf8_valid(fam) && g > sizeof fam - 4 && !strncmp(path, fam, g),
+        CHECK_MSG(gpt_utf8_valid(fam) && g > sizeof fam - 4 && !strncmp(path, fam, g),
                   "shift %d: '%s' for '%s'", shift, fam, path);
-        CHECK_MSG(utf8_valid(by) && b > sizeof by - 3 && !strncmp(set, by, b),
+        CHECK_MSG(gpt_utf8_valid(by) && b > sizeof by - 3 && !strncmp(set, by, b),
                   "shift %d: '%s' for '%s'", shift, by, set);
     }
 }

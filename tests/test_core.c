@@ -203,6 +203,31 @@ static void test_shapes_and_errors(void)
     CHECK(!strcmp(gp_last_error(), "bad 42"));
     gp_error_wrap(GP_ERR_DATA, "layer %d", 3);
     CHECK(!strcmp(gp_last_error(), "layer 3: bad 42"));
+    /* a message longer than the buffer (a deep path of multi-byte
+     * characters) is cut between characters, at every alignment of the
+     * cut, and so is a wrapped one's prefix and old message */
+    for (int k = 0; k < 6; k++) {
+        char big[3 * GP_ERRMSG_LEN];
+        size_t o = (size_t)k;
+        memset(big, 'a', o);
+        for (; o + 3 < sizeof big / 2; o += k % 2 ? 2 : 3)
+            memcpy(big + o, k % 2 ? "\xc3\xa9" : "\xe2\x82\xac", k % 2 ? 2 : 3);
+        big[o] = '\0';
+        gp_error_set(GP_ERR_DATA, "%s", big);
+        const char *m = gp_last_error();
+        size_t n = strlen(m);
+        CHECK_MSG(gpt_utf8_valid(m) && n + 3 >= GP_ERRMSG_LEN - 1 && !strncmp(m, big, n),
+                  "cut at alignment %d: %zu bytes, %s", k, n, gpt_utf8_valid(m) ? "UTF-8"
+                  : "not UTF-8");
+        gp_error_wrap(GP_ERR_DATA, "%s", big); /* the prefix fills the buffer */
+        CHECK_MSG(gpt_utf8_valid(gp_last_error()), "a wrap's prefix cut at alignment %d", k);
+        gp_error_set(GP_ERR_DATA, "%s", big);
+        gp_error_wrap(GP_ERR_DATA, "layer %*d", 1 + k, 3); /* the old message cut */
+        m = gp_last_error();
+        CHECK_MSG(gpt_utf8_valid(m) && strlen(m) + 3 >= GP_ERRMSG_LEN - 1 &&
+                      !strncmp(m, "layer", 5),
+                  "a wrap's old message cut at alignment %d", k);
+    }
     CHECK(!strcmp(gp_status_name(GP_ERR_OOM), "out-of-memory"));
     CHECK(!strcmp(gp_status_name(GP_ERR_STOPPED), "stopped"));
     /* under an address-space limit (a finite one far above what this

@@ -1836,21 +1836,6 @@ static void test_errors(gp_device *dev)
 
 /* ---- initialisation --------------------------------------------------------- */
 
-/* Whether s is UTF-8: every character's lead byte followed by as many
- * continuation bytes as it says (naive; overlong forms not looked for). */
-static bool utf8_valid(const char *s)
-{
-    for (const unsigned char *p = (const unsigned char *)s; *p;) {
-        int more = *p < 0x80 ? 0 : *p >= 0xC0 && *p < 0xE0 ? 1 : *p >= 0xE0 && *p < 0xF0 ? 2
-                 : *p >= 0xF0 && *p < 0xF8 ? 3 : -1;
-        if (more < 0) return false;
-        p++;
-        for (int q = 0; q < more; q++, p++)
-            if ((*p & 0xC0) != 0x80) return false;
-    }
-    return true;
-}
-
 /* A layer's description cut by a small buffer (a profile's 96 bytes, a
  * message's) ends between two characters of its name, path and override,
  * not inside one: at every buffer size, the longest prefix of the whole
@@ -1869,7 +1854,7 @@ static void test_describe_utf8(void)
     char whole[1024], cut[1024];
     gp_layer_spec_describe(&s, 9, whole, sizeof whole);
     size_t n = strlen(whole);
-    CHECK(n > 300 && utf8_valid(whole) && strstr(whole, s.name) && strstr(whole, s.file) &&
+    CHECK(n > 300 && gpt_utf8_valid(whole) && strstr(whole, s.name) && strstr(whole, s.file) &&
           strstr(whole, s.set));
     int bad = 0;
     for (size_t len = 1; len <= n + 1; len++) {
@@ -1877,7 +1862,7 @@ static void test_describe_utf8(void)
         gp_layer_spec_describe(&s, 9, cut, len);
         size_t want = len - 1 < n ? len - 1 : n;
         while (want > 0 && want < n && ((unsigned char)whole[want] & 0xC0) == 0x80) want--;
-        bool ok = strnlen(cut, len) == want && !memcmp(cut, whole, want) && utf8_valid(cut);
+        bool ok = strnlen(cut, len) == want && !memcmp(cut, whole, want) && gpt_utf8_valid(cut);
         if (!ok && bad++ < 3)
             fprintf(stderr, "describe in %zu bytes: \"%.*s\" (%zu bytes), want the first %zu "
                     "of \"%s\"\n", len, (int)strnlen(cut, len), cut, strnlen(cut, len), want,

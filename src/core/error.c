@@ -17,11 +17,20 @@
 
 static _Thread_local char tls_msg[GP_ERRMSG_LEN];
 
+/* A message snprintf cut to its buffer (`wanted`, what it returned, is
+ * size or more) ends between two UTF-8 characters, not inside one: a long
+ * path of multi-byte characters stays valid text in the messages, and in
+ * the JSON and traces that copy them. */
+static void cut_at_char(char *buf, size_t size, int wanted)
+{
+    if (wanted >= 0 && (size_t)wanted >= size) buf[gp_utf8_cut(buf, size - 1)] = '\0';
+}
+
 gp_status gp_error_set(gp_status code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(tls_msg, sizeof tls_msg, fmt, ap);
+    cut_at_char(tls_msg, sizeof tls_msg, vsnprintf(tls_msg, sizeof tls_msg, fmt, ap));
     va_end(ap);
     /* Host memory refused under an address-space limit (`ulimit -v`) is
      * the limit more often than the machine: say so. */
@@ -29,9 +38,10 @@ gp_status gp_error_set(gp_status code, const char *fmt, ...)
     if (code == GP_ERR_OOM && strstr(tls_msg, "host memory") && !strstr(tls_msg, "(ulimit -v)") &&
         getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
         size_t n = strlen(tls_msg);
-        snprintf(tls_msg + n, sizeof tls_msg - n, "; this process's address space is limited to "
-                 "%llu MiB (ulimit -v): raise the limit, or give the run less to hold",
-                 (unsigned long long)(as.rlim_cur >> 20));
+        int k = snprintf(tls_msg + n, sizeof tls_msg - n, "; this process's address space is "
+                         "limited to %llu MiB (ulimit -v): raise the limit, or give the run "
+                         "less to hold", (unsigned long long)(as.rlim_cur >> 20));
+        cut_at_char(tls_msg, sizeof tls_msg, k < 0 ? k : (int)n + k);
     }
     return code;
 }
@@ -119,16 +129,16 @@ gp_status gp_error_wrap(gp_status code, const char *fmt, ...)
     char old[GP_ERRMSG_LEN];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    cut_at_char(prefix, sizeof prefix, vsnprintf(prefix, sizeof prefix, fmt, ap));
     va_end(ap);
     memcpy(old, tls_msg, sizeof old);
-    /* prefix + ": " + old, truncated to the buffer */
+    /* prefix + ": " + old, truncated to the buffer between characters */
     size_t n = strlen(prefix);
-    if (n > sizeof tls_msg - 3) n = sizeof tls_msg - 3;
+    if (n > sizeof tls_msg - 3) n = gp_utf8_cut(prefix, sizeof tls_msg - 3);
     memcpy(tls_msg, prefix, n);
     memcpy(tls_msg + n, ": ", 2);
     size_t m = strnlen(old, sizeof old - 1);
-    if (m > sizeof tls_msg - n - 3) m = sizeof tls_msg - n - 3;
+    if (m > sizeof tls_msg - n - 3) m = gp_utf8_cut(old, sizeof tls_msg - n - 3);
     memcpy(tls_msg + n + 2, old, m);
     tls_msg[n + 2 + m] = '\0';
     return code;
