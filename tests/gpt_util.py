@@ -133,23 +133,30 @@ def gpipe_greedy(binary_dir, d, yaml_text, prompt, n, positions, extra=()):
     return [int(t) for t in r.stdout.split(" | ")[1].split()], ""
 
 
-def hf_llama_defaults(src, bin_dir):
+def hf_llama_defaults(src, bin_dir, check, name):
     """What transformers takes where a Llama-family config.json leaves a key
     out, by model_type: {"llama": {"intermediate_size": 11008, ...},
-    "mistral": ..., "qwen2": ...} (the fixture tests/data/hf_llama_defaults.json
-    that scripts/hf_llama_defaults.py made with transformers), and, where
-    bin_dir/hf-venv has transformers, the same read from it now (else None,
-    and why), for the caller to check the fixture against."""
+    "mistral": ..., "qwen2": ...}: the fixture tests/data/hf_llama_defaults.json
+    that scripts/hf_llama_defaults.py made with transformers, checked (with
+    `check`, the test's) against the same read from bin_dir/hf-venv now where
+    that has transformers; test `name` says where it has not."""
     with open(os.path.join(src, "tests", "data", "hf_llama_defaults.json")) as f:
         fixture = json.load(f)
     py = os.path.join(bin_dir, "hf-venv", "bin", "python")
-    if not os.path.exists(py):
-        return fixture, None, "no %s" % py
-    r = subprocess.run([py, os.path.join(src, "scripts", "hf_llama_defaults.py")],
-                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-    if r.returncode != 0:
-        return fixture, None, r.stderr.strip()[-300:]
-    return fixture, json.loads(r.stdout), None
+    why = "no %s" % py
+    if os.path.exists(py):
+        r = subprocess.run([py, os.path.join(src, "scripts", "hf_llama_defaults.py")],
+                           capture_output=True, text=True, timeout=300,
+                           stdin=subprocess.DEVNULL)
+        if r.returncode == 0:
+            live = json.loads(r.stdout)
+            fixture = dict(fixture, transformers=live["transformers"])
+            check(live == fixture, "tests/data/hf_llama_defaults.json is transformers %s's: %r"
+                  % (live.get("transformers"), live))
+            return fixture
+        why = r.stderr.strip()[-300:]
+    print("%s: transformers' defaults from the fixture only (%s)" % (name, why))
+    return fixture
 
 
 def hf_llama_default(defaults, model_type, key, cfg):

@@ -141,13 +141,7 @@ def type_defaults(d, folder, put):
     """Each key config.json leaves out takes its model type's default, as transformers
     takes it, not LlamaConfig's for all three."""
     cj = os.path.join(folder, "config.json")
-    defaults, live, why = hf_llama_defaults(SRC, BIN)
-    if live is None:
-        print("test_hf_config: transformers' defaults from the fixture only (%s)" % why)
-    else:
-        defaults = dict(defaults, transformers=live["transformers"])
-        check(live == defaults, "tests/data/hf_llama_defaults.json is transformers %s's: %r"
-              % (live.get("transformers"), live))
+    defaults = hf_llama_defaults(SRC, BIN, check, "test_hf_config")
     cfg = yaml(d, folder)
     for t in ("llama", "mistral", "qwen2"):
         cls = defaults[t]["config_class"]

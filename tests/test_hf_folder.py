@@ -188,13 +188,7 @@ def config_types(d, src):
     without num_key_value_heads was compared as 4 k/v heads, MistralConfig's are 8): the
     folder's model loads where that default is the model's, and is refused naming the key
     and the default where it is not."""
-    defaults, live, why = hf_llama_defaults(SRC, BIN)
-    if live is None:
-        print("test_hf_folder: transformers' defaults from the fixture only (%s)" % why)
-    else:
-        defaults = dict(defaults, transformers=live["transformers"])
-        check(live == defaults, "tests/data/hf_llama_defaults.json is transformers %s's: %r"
-              % (live.get("transformers"), live))
+    defaults = hf_llama_defaults(SRC, BIN, check, "test_hf_folder")
     # (no q, k, v biases: the folder has none, though a Qwen2's would)
     cfg = os.path.join(d, "types.yaml")
     with open(cfg, "w") as f:

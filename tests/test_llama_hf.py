@@ -202,9 +202,7 @@ def type_defaults(d, data, windows):
         ref = transformers.AutoModelForCausalLM.from_pretrained(
             f, torch_dtype=torch.float32, attn_implementation="eager").eval()
         want = hf_loss(ref, windows)
-        text = config(data, f, True, 1)
-        start, end = text.index("  llama: {"), text.index("  init_from:")
-        text = text[:start] + "  llama: {}\n" + text[end:]
+        text = bare_config(data, f)
         rc, out, got = gpipe(d, text)
         check(rc == 0 and got is not None and abs(got - want) <= 1e-5 * abs(want),
               "a %s folder without %s under llama: {}: loss %s, transformers' %.8f (exit %d) %s"
@@ -231,6 +229,14 @@ def config(d, init, tie, devices, extra=""):
         "train: {steps: 1, batch_size: %d, seed: 1, eval_each_epoch: false," % B,
         "        optimizer: {type: sgd, lr: 0.0},",
         "        snapshot: {every_steps: 0, dir: %s/snaps}}" % d, ""])
+
+
+def bare_config(d, init):
+    """config()'s text (tied, one device) with `llama: {}`: every size from the
+    folder's config.json."""
+    text = config(d, init, True, 1)
+    start, end = text.index("  llama: {"), text.index("  init_from:")
+    return text[:start] + "  llama: {}\n" + text[end:]
 
 
 def gpipe(d, yaml_text, args=(), env=None, final=False):
@@ -409,9 +415,7 @@ def main():
         ref = transformers.LlamaForCausalLM.from_pretrained(
             folder, torch_dtype=torch.float32, attn_implementation="eager").eval()
         want = hf_loss(ref, windows)
-        bare = config(data, folder, True, 1)
-        start, end = bare.index("  llama: {"), bare.index("  init_from:")
-        bare = bare[:start] + "  llama: {}\n" + bare[end:]
+        bare = bare_config(data, folder)
         rc, out, got = gpipe(d, bare)
         check(rc == 0 and got is not None and abs(got - want) <= 1e-5 * abs(want),
               "llama: {} with the folder's config.json: loss %s, transformers' %.8f (exit %d) %s"
@@ -450,9 +454,7 @@ def main():
         qref = transformers.Qwen2ForCausalLM.from_pretrained(
             qfolder, torch_dtype=torch.float32, attn_implementation="eager").eval()
         want = hf_loss(qref, windows)
-        qbare = config(data, qfolder, True, 1)
-        start, end = qbare.index("  llama: {"), qbare.index("  init_from:")
-        qbare = qbare[:start] + "  llama: {}\n" + qbare[end:]
+        qbare = bare_config(data, qfolder)
         qout = os.path.join(d, "qwen2-out")
         rc, out, got = gpipe(d, qbare, ["--export-weights", qout, "--export-format", "hf"])
         check(rc == 0 and got is not None and abs(got - want) <= 1e-5 * abs(want),
