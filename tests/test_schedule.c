@@ -386,6 +386,23 @@ static bool run_lists(const gp_schedule *s, bool lockstep)
     return true;
 }
 
+/* Every computation and copy of s within its s->clocks clocks, and the
+ * end of each device's step at clock s->clocks: the executor sizes its
+ * per-clock tables by s->clocks (pipeline.c, prepare), so a clock past it
+ * (a backward-weights after every backward, zb-h1 and the V schedules) is
+ * written outside them. */
+static bool clocks_cover(const gp_schedule *s)
+{
+    for (int d = 0; d < s->n; d++)
+        for (int c = 0; c < s->count[d]; c++) {
+            const gp_instr *in = &s->list[d][c];
+            if (gp_instr_per_micro_batch(in->kind) ? in->k < 0 || in->k >= s->clocks
+                                                   : in->k != s->clocks)
+                return false;
+        }
+    return true;
+}
+
 /* dur: zb-h1's stage times (NULL: units); with times the bound need not
  * be reached. */
 static void check_kind_dur(gp_schedule_kind kind, int n, int m, gp_checkpoint_mode ck,
@@ -454,6 +471,8 @@ static void check_kind_dur(gp_schedule_kind kind, int n, int m, gp_checkpoint_mo
               "the bound", kn, n, m, ck);
     CHECK_MSG(run_lists(&s, true) && run_lists(&s, false), "%s n=%d m=%d ck=%d: deadlock", kn, n,
               m, ck);
+    CHECK_MSG(clocks_cover(&s), "%s n=%d m=%d ck=%d: an instruction past the step's %d clocks",
+              kn, n, m, ck, s.clocks);
     gp_schedule_free(&s);
 }
 
@@ -556,6 +575,7 @@ static void check_interleaved(void)
                         int bound = gp_schedule_interleaved_bound(d, n, v, m);
                         if (peak != bound) ok = false;
                     }
+                    if (!clocks_cover(&s)) ok = false;
                     for (int i = 0; i < m; i++)
                         for (int j = 0; j < S; j++) {
                             if (seen[SF][i][j] != 1 || seen[SB][i][j] != 1 || kept[i][j]) ok = false;
@@ -758,6 +778,7 @@ static void check_v(gp_schedule_kind kind)
                         if (j > 0 && fk[i][j] <= fk[i][j - 1]) ok = false, why = "F clocks";
                         if (j < S - 1 && bk[i][j] <= bk[i][j + 1]) ok = false, why = "B clocks";
                     }
+                if (ok && !clocks_cover(&s)) ok = false, why = "clocks past s.clocks";
                 int span = 0;
                 ok = ok && run_split(&s, true, NULL) && run_split(&s, false, &span);
                 /* (a whole backward is one unit here, for two halves' work) */
@@ -829,6 +850,31 @@ static void check_v_budgets(void)
     CHECK(gp_schedule_v_budget(GP_SCHEDULE_ZB_V, 5) == 10);
 }
 
+/* The in-flight bounds as schedule.h and schedule.c write them, for every
+ * n, stage and m: min(n - j, m) for 1F1B, min(n - j + 1, m) for ZB-H1
+ * (one micro-batch more until its backward-weights), min(2n - j, m) for
+ * ZB-V's stage j of 2n, m for GPipe.  check_kind_dur and check_v measure
+ * each schedule against gp_schedule_in_flight_bound, which zb_h1_orders
+ * also places by: a bound one too high moves the schedule with it, and
+ * only these numbers catch it (each zb-h1 stage then held one more
+ * micro-batch's activations than the planner's memory model counts). */
+static void check_bounds(void)
+{
+    int bad = 0;
+    for (int n = 1; n <= MAX_N; n++)
+        for (int m = 1; m <= MAX_M; m++)
+            for (int j = 0; j < 2 * n; j++) {
+                int want_v = 2 * n - j < m ? 2 * n - j : m;
+                bad += gp_schedule_in_flight_bound(GP_SCHEDULE_ZB_V, j, n, m) != want_v;
+                if (j >= n) continue;
+                int want_1 = n - j < m ? n - j : m, want_h = n - j + 1 < m ? n - j + 1 : m;
+                bad += gp_schedule_in_flight_bound(GP_SCHEDULE_GPIPE, j, n, m) != m;
+                bad += gp_schedule_in_flight_bound(GP_SCHEDULE_1F1B, j, n, m) != want_1;
+                bad += gp_schedule_in_flight_bound(GP_SCHEDULE_ZB_H1, j, n, m) != want_h;
+            }
+    CHECK_MSG(bad == 0, "%d in-flight bounds differ from schedule.h's formulas", bad);
+}
+
 static void check_kind(gp_schedule_kind kind, int n, int m, gp_checkpoint_mode ck)
 {
     check_kind_dur(kind, n, m, ck, NULL);
@@ -858,6 +904,7 @@ int main(void)
     check_v(GP_SCHEDULE_V_HALF);
     check_v(GP_SCHEDULE_V_MIN);
     check_v_budgets();
+    check_bounds();
     /* v-half and v-min ordered by measured times (the executor's, after
      * its first steps): any times give a valid order, every check above
      * holding */
