@@ -85,6 +85,12 @@ static void test_schedules(void)
     CHECK_NEAR(gp_lr_at(&t, 29, 100), 0.1, 1e-7, 0);
     CHECK_NEAR(gp_lr_at(&t, 30, 100), 0.01, 1e-7, 0);
     CHECK_NEAR(gp_lr_at(&t, 65, 100), 0.001, 1e-7, 0);
+    /* ... counted from the warm-up's end (train.h): with 10 warm-up steps
+     * the first decay is at step 40, not 30 */
+    t.sched.warmup_steps = 10;
+    CHECK_NEAR(gp_lr_at(&t, 39, 100), 0.1, 1e-7, 0);
+    CHECK_NEAR(gp_lr_at(&t, 40, 100), 0.01, 1e-7, 0);
+    t.sched.warmup_steps = 0;
 
     /* cosine from 0.1 to min 0.0 over 100 steps: halfway is 0.05; a quarter
      * is 0.1 * (1 + cos(pi/4)) / 2 = 0.085355339 */
@@ -94,6 +100,12 @@ static void test_schedules(void)
     CHECK_NEAR(gp_lr_at(&t, 50, 100), 0.05, 1e-7, 0);
     CHECK_NEAR(gp_lr_at(&t, 25, 100), 0.0853553390593, 1e-7, 0);
     CHECK_NEAR(gp_lr_at(&t, 100, 100), 0.0, 1e-7, 0);
+    /* clamped past the end (gp_run_step beyond its total_steps): min_lr,
+     * not back up the cosine */
+    t.sched.min_lr = 0.001;
+    CHECK_NEAR(gp_lr_at(&t, 150, 100), 0.001, 1e-9, 0);
+    CHECK_NEAR(gp_lr_at(&t, 200, 100), 0.001, 1e-9, 0);
+    t.sched.min_lr = 0.0f;
     /* cosine after a 20-step warm-up spans the remaining 80 */
     t.sched.warmup_steps = 20;
     CHECK_NEAR(gp_lr_at(&t, 60, 100), 0.05, 1e-7, 0);
