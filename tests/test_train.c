@@ -4,7 +4,8 @@
  * the same gradients (and give the same update) as one full batch; with
  * batch norm, whose statistics are per micro-batch, the loss and update of
  * m micro-batches are the mean of each micro-batch's own one-step run;
- * and train.precision: bf16 on the CPU.
+ * SGD with momentum, Adam and AdamW against a double-precision oracle; and
+ * train.precision: bf16 on the CPU.
  */
 #include "test_util.h"
 
@@ -375,6 +376,107 @@ static void test_plain_sgd(void)
     gp_device_close(dev);
 }
 
+/* SGD with momentum (plain and Nesterov), Adam and AdamW through the
+ * model's optimizer against optim.h's formulas in double precision, four
+ * steps from zero state: SGD's v = mu v + g', w -= lr (Nesterov: g' +
+ * mu v; else v), g' = g + wd w; Adam's t the 1-based step in both bias
+ * corrections, its decay added to the gradient and AdamW's applied to the
+ * weight (w *= 1 - lr wd); no decay for biases and norm parameters unless
+ * decay_bias_and_norm.  The step's gradients are left in place, so each
+ * step is checked from its own w and g.  test_backend checks the kernels
+ * against these formulas with given constants; this checks the constants
+ * and switches the optimizer gives them. */
+static void test_optimizers(void)
+{
+    gp_device *dev = open_dev();
+    float x[N * PER], y[N];
+    make_data(x, y);
+    const double lr = 0.01;
+    const struct {
+        gp_optim_kind kind;
+        bool all;      /* decay_bias_and_norm */
+        bool nesterov; /* SGD */
+    } cases[] = {{GP_OPTIM_SGD, false, false}, {GP_OPTIM_SGD, false, true},
+                 {GP_OPTIM_ADAM, false, false}, {GP_OPTIM_ADAMW, false, false},
+                 {GP_OPTIM_ADAMW, true, false}};
+    for (size_t q = 0; q < sizeof cases / sizeof cases[0]; q++) {
+        gp_config c = model_cfg(true, false);
+        gp_optim_config *o = &c.train.optim;
+        bool sgd = cases[q].kind == GP_OPTIM_SGD;
+        o->kind = cases[q].kind;
+        o->momentum = sgd ? 0.9f : 0.0f;
+        o->nesterov = cases[q].nesterov;
+        o->beta1 = 0.8f;
+        o->beta2 = 0.95f;
+        o->eps = 1e-6f;
+        o->weight_decay = 0.1f;
+        o->decay_bias_and_norm = cases[q].all;
+        gp_model m;
+        CHECK_OK(gp_model_build(&c, dev, &m));
+        int64_t n = 0, exempt = 0;
+        for (int k = 0; k < m.n_layers; k++)
+            for (int p = 0; p < m.layers[k].n_params; p++) {
+                const gp_param *pr = &m.layers[k].params[p];
+                n += pr->is_buffer ? 0 : gp_tensor_numel(&pr->value);
+            }
+        /* each value's decay, in gpt_gather's order */
+        double *wd = calloc((size_t)n, sizeof *wd), *mom = calloc((size_t)n, sizeof *mom);
+        double *var = calloc((size_t)n, sizeof *var);
+        int64_t off = 0;
+        for (int k = 0; k < m.n_layers; k++)
+            for (int p = 0; p < m.layers[k].n_params; p++) {
+                const gp_param *pr = &m.layers[k].params[p];
+                if (pr->is_buffer) continue;
+                for (int64_t i = 0; i < gp_tensor_numel(&pr->value); i++, off++) {
+                    wd[off] = pr->no_decay && !cases[q].all ? 0.0 : (double)o->weight_decay;
+                    exempt += wd[off] == 0.0;
+                }
+            }
+        CHECK(cases[q].all ? exempt == 0 : exempt > 0 && exempt < n);
+        double b1 = o->beta1, b2 = o->beta2, eps = o->eps, lrf = (float)lr, mu = o->momentum;
+        for (int t = 1; t <= 4; t++) {
+            int64_t n0, ng, n1;
+            float *w0 = gpt_gather(&m, GPT_TRAINED, &n0);
+            CHECK_OK(gp_model_train_step(&m, &c, x, y, N, 2, lr, NULL));
+            float *g = gpt_gather(&m, GPT_TRAINED_GRADS, &ng);
+            float *w1 = gpt_gather(&m, GPT_TRAINED, &n1);
+            double worst = 0;
+            int64_t moved = 0;
+            for (int64_t i = 0; i < n && n0 == n && ng == n && n1 == n; i++) {
+                double w = w0[i], gi = g[i], want;
+                if (cases[q].kind == GP_OPTIM_ADAMW) w *= 1.0 - lrf * wd[i];
+                else gi += wd[i] * w;
+                if (sgd) { /* (mom: the momentum) */
+                    mom[i] = mu * mom[i] + gi;
+                    want = w - lrf * (cases[q].nesterov ? gi + mu * mom[i] : mom[i]);
+                } else {
+                    mom[i] = b1 * mom[i] + (1.0 - b1) * gi;
+                    var[i] = b2 * var[i] + (1.0 - b2) * gi * gi;
+                    want = w - lrf / (1.0 - pow(b1, t)) * mom[i] /
+                                   (sqrt(var[i]) / sqrt(1.0 - pow(b2, t)) + eps);
+                }
+                worst = fmax(worst, fabs(w1[i] - want) / fmax(fabs((double)w0[i]), 1e-2));
+                moved += w1[i] != w0[i];
+            }
+            CHECK_MSG(n0 == n && ng == n && n1 == n && worst < 1e-5 && moved > n / 2,
+                      "%s%s step %d: off the oracle by %g (relative), %lld of %lld moved",
+                      sgd ? (cases[q].nesterov ? "sgd nesterov" : "sgd")
+                      : cases[q].kind == GP_OPTIM_ADAMW ? "adamw" : "adam",
+                      cases[q].all ? " (decay_bias_and_norm)" : "", t, worst, (long long)moved,
+                      (long long)n);
+            free(w0);
+            free(g);
+            free(w1);
+        }
+        free(wd);
+        free(mom);
+        free(var);
+        gp_model_free(&m);
+    }
+    check_released(dev);
+    gp_device_close(dev);
+}
+
 /* train.precision: bf16 (backend.h, gp_precision) through the library, on
  * a 2-stage pipeline of convolutions: where the processor has bf16
  * instructions, 8 steps on the same batches as the fp32 run give losses
@@ -435,6 +537,7 @@ int main(void)
     test_microbatch_equivalence(true);
     test_microbatch_bn();
     test_plain_sgd();
+    test_optimizers();
     test_bf16_training();
     return gpt_finish("test_train");
 }
