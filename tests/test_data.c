@@ -949,6 +949,24 @@ static void test_loader_normalise(void)
         gp_loader_destroy(ld);
     }
     gp_dataset_free(&ds);
+    /* several channels: channel c takes entry c of data.mean and data.std,
+     * and one entry serves every channel */
+    gp_data_config pc = base_cfg(GP_DATASET_SYNTHETIC, "");
+    const float m3[3] = {0.1f, 0.2f, 0.3f}, s3[3] = {0.4f, 0.5f, 0.6f};
+    memcpy(pc.mean, m3, sizeof m3);
+    memcpy(pc.std, s3, sizeof s3);
+    float gm[3], gs[3];
+    for (int n = 3; n >= 1; n -= 2) {
+        pc.n_mean = n;
+        gp_data_norm(&pc, 3, gm, gs);
+        bool ok = true;
+        for (int c = 0, e; c < 3; c++) {
+            e = n == 3 ? c : 0;
+            ok = ok && gm[c] == m3[e] && gs[c] == s3[e];
+        }
+        CHECK_MSG(ok, "%d entries for 3 channels: mean %g %g %g, std %g %g %g", n, gm[0], gm[1],
+                  gm[2], gs[0], gs[1], gs[2]);
+    }
 }
 
 /* Naive crop-then-flip, written independently of the library's. */
