@@ -1039,7 +1039,15 @@ static void step_results(void)
     float x[BATCH * 72], y[BATCH];
     make_batch(&c, 0, x, y);
     uint64_t w0 = gp_dev_host_waits(devs[0]), w1 = gp_dev_host_waits(devs[1]);
-    for (int k = 0; k < 3; k++) CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, NULL));
+    gp_step_stats st;
+    for (int k = 0; k < 3; k++) CHECK_OK(gp_model_pipeline_step(&pip, &c, x, y, BATCH, 0.05, &st));
+    /* the bubble (--metrics, TensorBoard): the idle share of the 2 devices
+     * over the step's window */
+    double idle = 1.0 - (st.busy[0] + st.busy[1]) / (2.0 * st.window);
+    CHECK_MSG(st.n_devices == 2 && st.window > 0 && st.busy[0] > 0 && st.busy[1] > 0 &&
+                  fabs(st.bubble - idle) <= 1e-9 && st.bubble < 1,
+              "bubble %g, busy %g and %g of a %g s window on %d devices", st.bubble, st.busy[0],
+              st.busy[1], st.window, st.n_devices);
     CHECK_MSG(gp_dev_host_waits(devs[0]) - w0 == 3 && gp_dev_host_waits(devs[1]) - w1 == 3,
               "3 steps waited %llu and %llu times on cpu:0 and cpu:1 (one per device per "
               "step)", (unsigned long long)(gp_dev_host_waits(devs[0]) - w0),
