@@ -23,7 +23,10 @@ action CSV, and gpipe-balance --write-schedule writes one.
     placement neither in loops nor in a V, too many rows, and micro-batches
     that are not pipeline.chunks; two receives missing (the first one's
     rank named), a send of a stage or micro-batch no computation has, a row
-    longer than any schedule's;
+    longer than any schedule's, a missing SEND_B (its own rank named), a
+    backward-data (I) without its W, a send between two stages of one
+    rank, a whole backward (B) beside a
+    backward-data (I), a send before the forward that makes its data;
   - the memory check before the first step, for zb-v and for a file: a
     pipeline.memory below what a device holds at least by the simulator's
     estimate is refused at start-up naming the device and schedule (and the
@@ -291,6 +294,23 @@ def main():
                 ["rank 0", ":1:", "'5SEND_F0'", "no stage 5"])
         variant("send_no_mb", lambda r: r[0].append("0SEND_F9"),
                 ["rank 0", ":1:", "'0SEND_F9'", "no micro-batch 9", "0 .. 3"])
+        # rank 1's SEND_B of micro-batch 2 gone (its RECV_F there): rank 1
+        # named, whose send it is, not rank 0 across the crossing
+        variant("missing_send_b", lambda r: drop(r, 1, "1SEND_B2"),
+                ["rank 1 has no SEND_B", ":2:"])
+        # a send between two stages of one rank (1 and 2 of the V)
+        variant("send_same_rank", lambda r: r[1].append("1SEND_F0"),
+                ["rank 1", ":2:", "'1SEND_F0'", "both on rank 1"])
+        # a backward-data without its backward-weights: the weights would
+        # never get that micro-batch's gradient
+        variant("missing_w", lambda r: drop(r, 0, "3W0"),
+                ["rank 0", ":1:", "no backward-weights (W) after its I", "stage 3"])
+        # a whole backward of a micro-batch that has its backward-data too
+        variant("b_after_i", lambda r: r[0].append("3B0"),
+                ["rank 0", ":1:", "'3B0'", "also has a backward-data", "give B, or I and W"])
+        # a send before the forward that makes its data
+        variant("send_before_forward", lambda r: swap(r, 0, "0F1", "0SEND_F1"),
+                ["rank 0", ":1:", "'0SEND_F1'", "sent before the forward"])
         # a forward of a micro-batch past the others' (a typo: 0F9 for 0F1):
         # named as such, not as micro-batch 4's missing forward
         variant("mb_gap", lambda r: r[0].insert(1, "0F9"),
