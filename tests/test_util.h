@@ -6,6 +6,7 @@
  *   gpt_open_cpu_devices  cpu:0..count-1, the caller closes them
  *   gpt_model_cfg         the small MLP and convnet the pipeline tests train
  *   gpt_make_batch        a deterministic batch per step
+ *   gpt_make_tokens       a deterministic batch of token ids and targets per step
  *   gpt_counting_tokens   token sequences that count, and their next tokens
  *   gpt_make_masks        0 / 1 targets for binary cross-entropy
  *   gpt_gather            a model's parameters (or gradients) on the host
@@ -141,6 +142,23 @@ static inline void gpt_make_batch(const gp_config *c, int64_t batch, int step, f
     for (int64_t i = 0; i < batch; i++) y[i] = (float)((i * 7 + step) % 5);
 }
 
+/* Batch `step` for a language model m (its first layer an embedding):
+ * x (batch, T) token ids below the embedding's real rows, y (batch, T)
+ * next-token targets below the loss's classes, each uniform from the
+ * counter-based RNG (streams 13 and 14, counter step). */
+static inline void gpt_make_tokens(const gp_model *m, int64_t batch, int step, float *x, float *y)
+{
+    const gp_layer_spec *e = &m->layers[0].spec;
+    int64_t n = batch * m->targets, ids = gp_layer_spec_valid_rows(e, e->vocab);
+    int64_t classes = m->classes > 0 ? m->classes : m->output.dims[m->output.ndim - 1];
+    gp_rng_uniform_fill(13, (uint64_t)step, 0, x, n);
+    gp_rng_uniform_fill(14, (uint64_t)step, 0, y, n);
+    for (int64_t q = 0; q < n; q++) { /* (u < 1: in double, the product stays below) */
+        x[q] = (float)(int64_t)((double)x[q] * (double)ids);
+        y[q] = (float)(int64_t)((double)y[q] * (double)classes);
+    }
+}
+
 /* Binary cross-entropy's targets: n values 0 or 1 from the counter-based
  * RNG (stream 12, counter step), one per output element of the batch. */
 static inline void gpt_make_masks(int64_t n, int step, float *y)
@@ -268,7 +286,8 @@ static inline gp_tensor gpt_bf16_copy(gp_device *dev, const gp_tensor *t)
  * it, a stage's input gradient before the stage before it does, a skip
  * stashed in one stage and popped in a later one (copied straight across,
  * once) and its gradient back.  A skip inside a stage is not rounded.
- * Cross-entropy with class ids; *out as gp_model_train_step's. */
+ * Tied weights summed and synced as gp_model_train_step does; *out as
+ * its. */
 static inline gp_status gpt_rounded_step(gp_model *m, const gp_config *c, const float *x,
                                          const float *y, int64_t n, const int *bal, int S,
                                          gp_step_stats *out)
@@ -312,11 +331,11 @@ static inline gp_status gpt_rounded_step(gp_model *m, const gp_config *c, const 
             s = gp_ckpt_forward(m->layers + first[j], &ctx, GP_FWD_KEEP, &st[i][j], &bad);
         }
         if (s != GP_OK) break;
-        gp_shape ys = {1, {sizes[i], 0, 0, 0}};
-        gp_tensor labels = gpt_upload(m->dev, &ys, y + at);
+        gp_shape ys = gp_loss_targets_shape(m->loss, &m->output, sizes[i]);
+        gp_tensor labels = gpt_upload(m->dev, &ys, y + at * m->targets);
         gp_loss_out lo = {0};
         s = gp_ckpt_loss(m->dev, m->loss, m->label_smoothing, m->classes, &st[i][S - 1].out,
-                         &labels, (float)(1.0 / (double)n), &dy[i], &lo);
+                         &labels, (float)(1.0 / ((double)n * (double)m->targets)), &dy[i], &lo);
         gp_tensor_free(&labels);
         sum += lo.loss_sum;
         correct += lo.correct;
@@ -357,16 +376,19 @@ static inline gp_status gpt_rounded_step(gp_model *m, const gp_config *c, const 
     free(st);
     free(dy);
     for (int k = 0; k < L && s == GP_OK; k++) s = gp_layer_grads_finish(&m->layers[k]);
+    if (s == GP_OK) s = gp_layers_tie_grads(m->layers, L); /* (as gp_model_train_step) */
     for (int k = 0; k < L && s == GP_OK; k++)
         if (m->layers[k].ops->commit) s = m->layers[k].ops->commit(&m->layers[k]);
     if (s == GP_OK) s = gp_optim_update(m->optim, 0, L, 0.05, m->step, 0, 1, NULL, NULL, 0.0f);
+    if (s == GP_OK) s = gp_layers_tie_sync(m->layers, L);
     m->step++;
     if (out) *out = gp_step_stats_of(sum, correct, count, n, 0.05, 0, 0);
     return s;
 }
 
 /* Transparency, the pipeline's oracle: `steps` steps of batch `batch`
- * (gpt_make_batch; for binary cross-entropy the targets of gpt_make_masks)
+ * (gpt_make_batch, or gpt_make_tokens where the first layer is an
+ * embedding; for binary cross-entropy the targets of gpt_make_masks)
  * on ref (gp_model_train_step, c->pipeline.chunks micro-batches) and on pip
  * (gp_model_pipeline_step), both built from c.
  * same[0]: every step's loss and accuracy equal; same[1]: the first step's
@@ -382,7 +404,10 @@ static inline void gpt_compare_steps(const gp_config *c, gp_model *ref, gp_model
     same[0] = same[1] = same[2] = false;
     bool loss = true, grads = true, ok = x && y, bf16 = gp_config_bf16_copies(c);
     for (int step = 0; step < steps && ok; step++) {
-        gpt_make_batch(c, batch, step, x, y);
+        if (ref->layers[0].spec.type == GP_LAYER_EMBEDDING)
+            gpt_make_tokens(ref, batch, step, x, y);
+        else
+            gpt_make_batch(c, batch, step, x, y);
         if (c->model.loss == GP_LOSS_BCE_WITH_LOGITS) gpt_make_masks(batch * t, step, y);
         gp_step_stats a, b;
         gp_status s1 = bf16 ? gpt_rounded_step(ref, c, x, y, batch, pip->balance, pip->n_stages, &a)
