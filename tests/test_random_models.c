@@ -13,8 +13,9 @@
  *     projection with a stride), concat or a 2-D add, so that skips nest,
  *     overlap and sit next to each other in every order; class ids out;
  *   - sequences (gen_seq_model), the layers of the language models gpipe
- *     trains (GPT-2, Llama, Qwen2): 2 to 6 token ids of a vocabulary of 4
- *     to 13 (maybe padded: valid_rows) in, the embedding (with its position
+ *     trains (GPT-2, Llama, Qwen2): 1 to 6 token ids (one model in 8: 30
+ *     to 79, past attention's tiles) of a vocabulary of 4 to 13 (maybe
+ *     padded: valid_rows) in, the embedding (with its position
  *     table or none), then a random stack of Transformer blocks as
  *     model.gpt and model.llama expand them (pre-norm, layer or RMS norm,
  *     the fused q / k / v product with or without biases, rope or none,
@@ -26,8 +27,8 @@
  *     skips from any layer closed by an add (a linear back to the skip's
  *     width first where it differs); a final norm or none and the head,
  *     tied to the embedding (tests/test_tied.c) or not; cross-entropy over
- *     every position.  Attention is causal only (the layer has no other
- *     mode).
+ *     every position, label smoothing 0.1 in one model of 4.  Attention is
+ *     causal only (the layer has no other mode).
  *
  * Two oracles:
  *
@@ -59,7 +60,8 @@
  *     at least the stages) up to 8, a random pipeline.checkpoint.keep,
  *     and activations stored in bf16 (against the one-device step in
  *     bf16) or copies in bf16 (against the one-device step rounded where
- *     the stages meet, gpt_rounded_step) for half the pipelines.
+ *     the stages meet, gpt_rounded_step) for half the pipelines, gradient
+ *     clipping in one of 4 of the others.
  *
  * A failure prints the seed and the model in the DSL below, which the
  * replay mode takes:
@@ -73,10 +75,11 @@
  * options o= out, k= kernel, s= stride, pd= padding, nb no bias, sl= slope,
  * sc= scale, st= stash, p= pop.  Sequences: "in=5 emb,v=10,d=8,pos=0
  * linear,o=24 rope,h=2,kv=1 attn,h=2,kv=1 ln linear,o=10,nb,tie": in=T
- * token ids, emb (named "emb") v= vocab, d= width, pos= position rows (0:
- * none), vr= real rows (embedding or head), attn and rope h= heads, kv=
- * k / v heads, rope th= theta, l3 Llama 3's scaling (original positions
- * 8), tie the linear's weight is the embedding's.
+ * token ids, ls= label smoothing, emb (named "emb") v= vocab, d= width,
+ * pos= position rows (0: none), vr= real rows (embedding or head), attn
+ * and rope h= heads, kv= k / v heads, rope th= theta, l3 Llama 3's
+ * scaling (original positions 8), tie the linear's weight is the
+ * embedding's.
  * The default seeds (default_seeds) include layouts that catch the two
  * bugs found by the random layouts that came before this test, with their
  * fixes reverted (a stash by the layer before an add's pop, 6ad02f3;
@@ -114,6 +117,7 @@ typedef struct {
     gp_layer_spec sp[MAXL];
     int n;
     int64_t in[3]; /* (C, H, W); the sequence family's (T, 1, 1) */
+    float smoothing; /* model.label_smoothing */
 } rmodel;
 
 /* The sequence family's models start with their embedding (token ids in). */
@@ -183,6 +187,7 @@ static void print_model(const rmodel *m, FILE *f)
     else
         fprintf(f, "in=%lldx%lldx%lld", (long long)m->in[0], (long long)m->in[1],
                 (long long)m->in[2]);
+    if (m->smoothing > 0) fprintf(f, " ls=%g", (double)m->smoothing);
     for (int k = 0; k < m->n; k++) print_layer(&m->sp[k], f);
 }
 
@@ -236,6 +241,10 @@ static bool parse_model(const char *txt, rmodel *m)
         int got = sscanf(tok, "in=%lldx%lldx%lld", &c, &h, &w);
         if (got == 3 || got == 1) { /* in=CxHxW, or in=T for token ids */
             m->in[0] = c, m->in[1] = h, m->in[2] = w;
+            continue;
+        }
+        if (!strncmp(tok, "ls=", 3)) {
+            m->smoothing = (float)atof(tok + 3);
             continue;
         }
         char *s2 = NULL, *name = strtok_r(tok, ",", &s2);
@@ -667,18 +676,20 @@ static void seq_item(gen_state *g)
     seq_push(g, mk(seq_norm(g, k_plain[draw(g->r, 6)]), g->line++), g->c, true);
 }
 
-/* The sequence model of seed `seed`: T (2 to 6) token ids of a vocabulary
- * V (4 to 13, maybe padded: ids and targets below its real rows) in; the
- * embedding (its position table, or none); items; every open skip closed;
- * a final norm (or none) and the head, tied to the embedding or not, with
- * token cross-entropy. */
+/* The sequence model of seed `seed`: T (1 to 6, or 30 to 79) token ids of
+ * a vocabulary V (4 to 13, maybe padded: ids and targets below its real
+ * rows) in; the embedding (its position table, or none); items; every
+ * open skip closed; a final norm (or none) and the head, tied to the
+ * embedding or not, with token cross-entropy (label smoothing or none). */
 static void gen_seq_model(uint64_t seed, rmodel *m)
 {
     memset(m, 0, sizeof *m);
     hrng r = {seed * 7919ull + 0x2545f4914f6cdd1dull};
     gen_state g = {.m = m, .r = &r, .line = 1};
-    int64_t T = 2 + draw(&r, 5), V = 4 + draw(&r, 10), D = 2 * (2 + draw(&r, 7));
+    int64_t T = 1 + draw(&r, 6), V = 4 + draw(&r, 10), D = 2 * (2 + draw(&r, 7));
+    if (draw(&r, 8) == 0) T = 30 + draw(&r, 50); /* past attention's tiles of 32 and 64 */
     m->in[0] = T, m->in[1] = m->in[2] = 1;
+    if (draw(&r, 4) == 0) m->smoothing = 0.1f;
     g.p_stash = 0.1 + 0.25 * hrng_unit(&r);
     g.p_pop = 0.2 + 0.4 * hrng_unit(&r);
     gp_layer_spec e = mk(GP_LAYER_EMBEDDING, g.line++);
@@ -711,6 +722,7 @@ static gp_config cfg_of(rmodel *md, int64_t batch)
     c.model.layers = md->sp;
     c.model.n_layers = md->n;
     for (int d = 0; d < 3; d++) c.model.input[d] = md->in[d];
+    c.model.label_smoothing = md->smoothing;
     c.pipeline.threads = 1;
     return c;
 }
@@ -841,8 +853,8 @@ static double model_run(gp_model *m, const float *x, const float *y, int backwar
     CHECK_OK(gp_ckpt_forward(m->layers, &ctx, GP_FWD_KEEP, &s, &bad));
     if (kinks) kinks_of(m, &s, kinks);
     gp_loss_out lo = {0};
-    CHECK_OK(gp_ckpt_loss(m->dev, GP_LOSS_CROSS_ENTROPY, 0.0f, m->classes, &s.out, &labels, 1.0f,
-                          backward ? &dl : NULL, &lo));
+    CHECK_OK(gp_ckpt_loss(m->dev, GP_LOSS_CROSS_ENTROPY, m->label_smoothing, m->classes, &s.out,
+                          &labels, 1.0f, backward ? &dl : NULL, &lo));
     if (backward) {
         for (int k = 0; k < m->n_layers; k++) gp_layer_grads_begin(&m->layers[k]);
         if (backward == 2) {
@@ -1099,12 +1111,13 @@ static int fd_model(rmodel *md, hrng *r, totals *tot)
     int fails = check_split(&gs);
     f.l0 = model_run(&m, f.x, f.y, 0, &f.base, NULL);
     /* The sequences: no batch norm, whose float32 noise fd_tensor's
-     * tolerance is for.  Over seeds 1 .. 1000 (39,069 coordinates) every
-     * analytic gradient was within 2 % of the numeric one plus 1.8 u |L|
-     * / eps, so 8 u |L| / eps.  The images' 100 pass a small gradient
-     * whatever it is: with it, an attention backward whose dq is 10 % off
-     * failed 1 of the 500 default seeds, SwiGLU's without the second term
-     * of silu' 15; with this one 36 and 107 */
+     * tolerance is for.  Over seeds 1 .. 1000 (40,026 coordinates) every
+     * analytic gradient was within 2 % of the numeric one plus 1.4 u |L|
+     * / eps, so 8 u |L| / eps.  The images' 100 pass 41 % of those
+     * coordinates whatever their gradient (this one 13 %): with it, an
+     * attention backward whose dq is 10 % off failed none of the 500
+     * default seeds, SwiGLU's without the second term of silu' 16; with
+     * this one 24 and 123 */
     f.atol = is_seq(md) ? 1e-4 + 8.0 * 0x1p-24 * fabs(f.l0) / 1e-3
                         : 1e-3 + 100.0 * 0x1p-24 * fabs(f.l0) / 1e-3;
     /* (the norm's own parameters come after its step; the image family's
@@ -1133,7 +1146,7 @@ static int fd_model(rmodel *md, hrng *r, totals *tot)
 typedef struct {
     gp_schedule_kind kind;
     int n, m, ck, lockstep, adam, S, v, bf;
-    float drop;
+    float drop, clip;
     gp_ckpt_keep keep;
     int bal[3 * NDEV];
 } pipe_set;
@@ -1144,9 +1157,9 @@ static void print_set(const pipe_set *p, FILE *f)
     char keep[160];
     gp_ckpt_keep_str(p->keep, keep, sizeof keep);
     fprintf(f, "schedule %s, %d devices, %d stages, m %d, checkpoint %s (keep [%s]), lockstep %d, "
-            "dropout %g, %s, %s, balance", gp_schedule_kind_name(p->kind), p->n, p->S, p->m,
-            gp_checkpoint_mode_name((gp_checkpoint_mode)p->ck), keep, p->lockstep,
-            (double)p->drop, p->adam ? "adamw" : "sgd", k_bf[p->bf]);
+            "dropout %g, %s, clip %g, %s, balance", gp_schedule_kind_name(p->kind), p->n, p->S,
+            p->m, gp_checkpoint_mode_name((gp_checkpoint_mode)p->ck), keep, p->lockstep,
+            (double)p->drop, p->adam ? "adamw" : "sgd", (double)p->clip, k_bf[p->bf]);
     for (int j = 0; j < p->S; j++) fprintf(f, "%c%d", j ? ',' : ' ', p->bal[j]);
     fputc('\n', f);
 }
@@ -1226,6 +1239,7 @@ static bool draw_set_seq(hrng *r, int L, pipe_set *p)
     p->drop = draw(r, 3) ? 0.0f : 0.25f;
     p->bf = draw(r, 6);
     p->bf = p->bf < 3 ? 0 : p->bf < 5 ? 1 : 2;
+    if (p->bf < 2 && draw(r, 4) == 0) p->clip = 0.3f; /* (gpt_rounded_step clips nothing) */
     random_cuts(r, L, p->S, p->bal);
     return true;
 }
@@ -1249,6 +1263,7 @@ static int pipe_check(const rmodel *md0, const pipe_set *p)
     c.pipeline.virtual_stages = p->v;
     c.train.activations = p->bf == 1 ? GP_ACT_BF16 : GP_ACT_FP32;
     c.pipeline.copy_precision = p->bf == 2 ? GP_COPY_BF16 : GP_COPY_FP32;
+    c.train.clip_grad_norm = p->clip;
     gp_model ref, pip;
     if (gp_model_build(&c, devs[0], &ref) != GP_OK) return 0; /* (fd_model said so) */
     gp_status st = gp_model_build_placed(&c, devs, p->n, p->bal, &pip);
@@ -1369,7 +1384,7 @@ static void report(const char *what, const totals *t)
  * SEQ_SEEDS, the same way. */
 enum { SEEDS = 200, SEQ_SEEDS = 500 };
 static const uint64_t k_caught[] = {25, 60, 99, 122};
-static const uint64_t k_seq_caught[] = {10, 22, 203, 462};
+static const uint64_t k_seq_caught[] = {10, 22, 193, 203};
 
 static bool in_list(uint64_t seed, const uint64_t *list, size_t n)
 {
