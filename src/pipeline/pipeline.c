@@ -1587,6 +1587,9 @@ static gp_status receive(gp_pipeline *p, const gp_instr *in, gp_event_rec *ev, p
 {
     gp_status st = p->opts.lockstep ? wait_for(p, pred_clock, in->k - 1, 0)
                                     : wait_for(p, ready, in->i, in->from);
+    if (st == GP_OK && p->opts.late_ms > 0 && p->dev_of[in->j] == p->opts.late_device)
+        nanosleep(&(struct timespec){p->opts.late_ms / 1000, (p->opts.late_ms % 1000) * 1000000L},
+                  NULL);
     ev->t1 = gp_now();
     if (st != GP_OK) return st;
     /* Enqueued on this device's copy stream behind the producer's event;
@@ -2621,6 +2624,12 @@ const gp_event_rec *gp_pipeline_events(const gp_pipeline *p, int j, int *count)
 }
 
 void gp_pipeline_set_fault_delay(gp_pipeline *p, int ms) { p->opts.fault_delay_ms = ms; }
+
+void gp_pipeline_set_late_copies(gp_pipeline *p, int d, int ms)
+{
+    p->opts.late_device = d;
+    p->opts.late_ms = ms;
+}
 
 void gp_pipeline_set_fault(gp_pipeline *p, int i, int j, gp_instr_kind kind)
 {

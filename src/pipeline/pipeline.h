@@ -81,6 +81,10 @@ typedef struct gp_pipeline_opts {
     int fault_i, fault_j;
     gp_instr_kind fault_kind;
     int fault_delay_ms;         /* the fault first sleeps this long (tests: a late failure) */
+    /* Test hook: device late_device's worker sleeps late_ms before each
+     * copy it makes, once the copy may start (a reader whose thread gets
+     * the CPU late).  late_ms 0 = off. */
+    int late_device, late_ms;
     gp_optim *optim;            /* the update of the model's layers; NULL: the
                                    step ends with the gradients (no UPDATE) */
     bool no_check;              /* leave out CHECK (benchmarks of its cost) */
@@ -221,6 +225,9 @@ void gp_pipeline_set_fault(gp_pipeline *p, int i, int j, gp_instr_kind kind);
 /* Test hook: the injected fault sleeps `ms` before it fails (a replica that
  * fails late, after the others got through their backward). */
 void gp_pipeline_set_fault_delay(gp_pipeline *p, int ms);
+/* Test hook: device d's worker sleeps `ms` before each copy it makes from
+ * the next step on (opts.late_device); ms 0 turns it off. */
+void gp_pipeline_set_late_copies(gp_pipeline *p, int d, int ms);
 
 /* Events of the last step for device j (valid until the next step). */
 const gp_event_rec *gp_pipeline_events(const gp_pipeline *p, int j, int *count);
