@@ -13,8 +13,11 @@
  * which copies the gradient stash.skip_din[t] back.  A reader may touch them only
  * after the producer published them (fwd_done / bwd_done set under the
  * lock), and the producer frees them only after the reader said it has
- * copied them (act_copied / grad_copied under the lock).  That lock is the
- * only shared mutable state of a step.
+ * copied them (act_copied / grad_copied under the lock): in lockstep at
+ * fixed places in its list, so that its memory peak does not depend on
+ * when the reader's thread ran (await_sent); free-running as soon as it
+ * sees the flag (sweep).  That lock is the only shared mutable state of a
+ * step.
  *
  * Per micro-batch memory on stage j: the stash's input (category
  * ACTIVATIONS on stage 0, COPIES elsewhere) lives from its arrival to the
@@ -70,6 +73,16 @@ typedef struct worker {
     bool flagged;         /* a parameter of its stages is not finite */
     float clip;           /* this step's clipping factor for its UPDATEs (0: none), set by
                              its CLIP, which every step with clipping runs first */
+    /* Lockstep (await_sent): the copies the workers make of this device's
+     * tensors, in the order it waits for them (made with the schedule);
+     * sent_next, the first this step has not waited for.  Its own. */
+    struct sent_copy {
+        int level;          /* sent_level: clock, and what it feeds */
+        gp_instr_kind kind; /* its RECV_* */
+        int i, from, to;    /* micro-batch, the stage it reads, the one it writes */
+        int skip;           /* RECV_SKIP(_GRAD): the skip */
+    } *sent;
+    int n_sent, sent_next;
 } worker;
 
 struct gp_pipeline {
@@ -1080,48 +1093,137 @@ static gp_status do_backward(gp_pipeline *p, int i, int j, int *bad_layer)
     return st;
 }
 
+/* What copy `kind` (skip t) of micro-batch i reads on stage j, and its
+ * packed form (copies in bf16), freed: the copy is made.  A stage output a
+ * kept forward still holds (not owned) stays for its backward; a skip's
+ * view (of a kept forward) is only forgotten. */
+static void free_sent(gp_pipeline *p, gp_instr_kind kind, int i, int j, int t)
+{
+    mb_state *s = MB(p, i, j);
+    gp_tensor *x = kind == GP_INSTR_RECV_ACT    ? &s->stash.out
+                   : kind == GP_INSTR_RECV_GRAD ? &s->grad_in
+                   : kind == GP_INSTR_RECV_SKIP ? &s->stash.skip_out[t]
+                                                : &s->stash.skip_din[t];
+    bool skip = kind == GP_INSTR_RECV_SKIP || kind == GP_INSTR_RECV_SKIP_GRAD;
+    if (skip ? gp_tensor_mem(x) != NULL : x->owned) gp_tensor_free(x);
+    gp_tensor *pk = p->packed ? packed_of(p, i, j, copy_slot(kind, t)) : NULL;
+    if (pk && gp_tensor_mem(pk)) gp_tensor_free(pk); /* (its source may be a view) */
+}
+
 /* Free outputs / input gradients that the neighbours have copied, on the
- * stages of device d. */
+ * stages of device d (free-running: whenever they are; lockstep frees them
+ * at fixed places instead, await_sent). */
 static void sweep(gp_pipeline *p, int d)
 {
     int m = p->m, S = p->S;
     EACH_STAGE(p, j, d)
         for (int i = 0; i < m; i++) {
-            mb_state *s = MB(p, i, j);
-            bool free_out = false, free_gin = false;
             pthread_mutex_lock(&p->lock);
-            if (s->stash.out.owned && j + 1 < S && FLAG(p, act_copied, i, j + 1)) free_out = true;
-            if (s->grad_in.owned && j > 0 && FLAG(p, grad_copied, i, j - 1)) free_gin = true;
+            bool out = j + 1 < S && FLAG(p, act_copied, i, j + 1);
+            bool gin = j > 0 && FLAG(p, grad_copied, i, j - 1);
             pthread_mutex_unlock(&p->lock);
-            if (free_out) gp_tensor_free(&s->stash.out);
-            if (free_gin) gp_tensor_free(&s->grad_in);
-            if (p->packed) { /* the packed forms, once copied (their sources may be views) */
-                gp_tensor *po = packed_of(p, i, j, 0), *pg = packed_of(p, i, j, 1);
-                pthread_mutex_lock(&p->lock);
-                bool go_out = j + 1 < S && gp_tensor_mem(po) && FLAG(p, act_copied, i, j + 1);
-                bool go_gin = j > 0 && gp_tensor_mem(pg) && FLAG(p, grad_copied, i, j - 1);
-                pthread_mutex_unlock(&p->lock);
-                if (go_out) gp_tensor_free(po);
-                if (go_gin) gp_tensor_free(pg);
-            }
+            if (out) free_sent(p, GP_INSTR_RECV_ACT, i, j, 0);
+            if (gin) free_sent(p, GP_INSTR_RECV_GRAD, i, j, 0);
             for (int e = 0; e < p->n_edges; e++) {
                 const gp_skip_edge *k = &p->edges[e];
                 if (k->from != j && k->to != j) continue;
-                gp_tensor *t = k->from == j ? &s->stash.skip_out[k->id] : &s->stash.skip_din[k->id];
-                gp_tensor *pk = p->packed ? packed_of(p, i, j, k->from == j
-                                              ? copy_slot(GP_INSTR_RECV_SKIP, k->id)
-                                              : copy_slot(GP_INSTR_RECV_SKIP_GRAD, k->id))
-                                          : NULL;
-                if (!gp_tensor_mem(t) && !(pk && gp_tensor_mem(pk))) continue;
                 pthread_mutex_lock(&p->lock);
                 bool done = k->from == j ? SKIP_FLAG(p, skip_copied, i, k->id)
                                          : SKIP_FLAG(p, skipg_copied, i, k->id);
                 pthread_mutex_unlock(&p->lock);
-                if (!done) continue;
-                gp_tensor_free(t); /* a view (of a kept forward) is only forgotten */
-                if (pk) gp_tensor_free(pk);
+                if (done)
+                    free_sent(p, k->from == j ? GP_INSTR_RECV_SKIP : GP_INSTR_RECV_SKIP_GRAD, i,
+                              j, k->id);
             }
         }
+}
+
+/* Which copies of clock k come first (see await_sent): those that feed a
+ * forward (an activation, a skip) before those that feed a backward. */
+static int sent_level(gp_instr_kind kind, int k)
+{
+    return 2 * k + (kind == GP_INSTR_RECV_GRAD || kind == GP_INSTR_RECV_SKIP_GRAD);
+}
+
+/* Lockstep: what other stages copy from a device is freed at fixed places
+ * in the device's list, not whenever the readers' threads got to copy it,
+ * so that the device's peak is the schedule's whatever the timing.  Before
+ * an instruction of clock k its worker waits until every copy of its
+ * tensors of a clock before k has been made, and before a copy of clock k
+ * that feeds a backward, also those of clock k that feed a forward; then
+ * it frees what they read (nothing else does in lockstep: run_step's sweep
+ * is free-running's).  Each such copy may start already (the clock before
+ * it is done, this device's part too, lists being in clock order), so the
+ * wait is for the reader's thread only.  Until 2026-12-01 these tensors
+ * went at the first sweep after their copy: with the reader's thread late,
+ * 1F1B's stage 0 took its backward's gradient (clock k) and ran that
+ * backward beside the next micro-batch's output, copied at clock k too,
+ * one tensor over the plan (sim.c frees an output after its stage's next
+ * computation, here the recompute before that backward), and GPipe's
+ * stage 0 ran its forwards beside every output not copied yet.  No cycle:
+ * a wait is for copies of a lower level (sent_level) than its own
+ * instruction's (2k; 2k + 1 for a copy that feeds a backward), and making
+ * a copy takes the computations of the clocks before its own and the
+ * instructions ahead of it in its reader's list: of lower clocks, a
+ * recompute, or copies of the same clock and kind (a device's copies of
+ * one clock feed its one computation of that clock; sent_tables checks). */
+static gp_status await_sent(worker *w, const gp_instr *in)
+{
+    gp_pipeline *p = w->p;
+    bool bwd_copy = in->kind == GP_INSTR_RECV_GRAD || in->kind == GP_INSTR_RECV_SKIP_GRAD;
+    int upto = 2 * in->k - (bwd_copy ? 0 : 1); /* the highest level waited for */
+    for (; w->sent_next < w->n_sent && w->sent[w->sent_next].level <= upto; w->sent_next++) {
+        const struct sent_copy *e = &w->sent[w->sent_next];
+        bool skip = e->kind == GP_INSTR_RECV_SKIP || e->kind == GP_INSTR_RECV_SKIP_GRAD;
+        pred_fn done = e->kind == GP_INSTR_RECV_ACT    ? pred_act_copied
+                       : e->kind == GP_INSTR_RECV_GRAD ? pred_grad_copied
+                       : e->kind == GP_INSTR_RECV_SKIP ? pred_skip_copied
+                                                       : pred_skipg_copied;
+        GP_TRY(wait_for(p, done, e->i, skip ? e->skip : e->to));
+        free_sent(p, e->kind, e->i, e->from, e->skip);
+    }
+    return GP_OK;
+}
+
+static int sent_order(const void *a, const void *b)
+{
+    const struct sent_copy *x = a, *y = b;
+    return (x->level > y->level) - (x->level < y->level);
+}
+
+/* Each worker's `sent` for the schedule just made: every copy instruction
+ * of any list whose source stage is on the worker's device. */
+static gp_status sent_tables(gp_pipeline *p)
+{
+    for (int d = 0; d < p->n; d++) {
+        worker *w = &p->workers[d];
+        w->n_sent = 0;
+        if (!p->opts.lockstep) continue;
+        for (int e = 0; e < p->n; e++)
+            for (int c = 0; c < p->sched.count[e]; c++) {
+                const gp_instr *in = &p->sched.list[e][c];
+                /* (await_sent's argument that no wait is circular rests on
+                 * these: lists in clock order, and the copies of one clock
+                 * all feed forwards or all backwards) */
+                const gp_instr *pr = c > 0 ? &p->sched.list[e][c - 1] : NULL;
+                GP_ASSERT(!pr || in->k >= pr->k);
+                GP_ASSERT(!pr || pr->k != in->k || !gp_instr_copies(pr->kind) ||
+                          !gp_instr_copies(in->kind) ||
+                          sent_level(pr->kind, pr->k) == sent_level(in->kind, in->k));
+                if (!gp_instr_copies(in->kind) || p->dev_of[in->from] != d) continue;
+                if (w->n_sent % 64 == 0) {
+                    void *g = realloc(w->sent, (size_t)(w->n_sent + 64) * sizeof *w->sent);
+                    if (!g) return gp_error_set(GP_ERR_OOM, "out of host memory");
+                    w->sent = g;
+                }
+                w->sent[w->n_sent++] = (struct sent_copy){.level = sent_level(in->kind, in->k),
+                                                          .kind = in->kind,
+                                                          .i = in->i, .from = in->from,
+                                                          .to = in->j, .skip = in->skip};
+            }
+        qsort(w->sent, (size_t)w->n_sent, sizeof *w->sent, sent_order);
+    }
+    return GP_OK;
 }
 
 /* Free everything device d's worker allocated for the step. */
@@ -1905,6 +2007,7 @@ static gp_status run_step(worker *w)
     w->n_events = 0;
     w->busy = 0;
     w->comm_seconds = 0;
+    w->sent_next = 0;
     /* The forwards and backwards of the micro-batches read the weights and
      * never write them, and nothing reads the weight gradients until the
      * step's end: the backend may keep its converted weights and hold the
@@ -1923,6 +2026,9 @@ static gp_status run_step(worker *w)
         pthread_mutex_lock(&p->lock);
         bool cancelled = p->cancelled;
         pthread_mutex_unlock(&p->lock);
+        /* (a wait of its own: before the instruction's record) */
+        if (!cancelled && gp_instr_per_micro_batch(in->kind) && w->n_sent > 0)
+            cancelled = await_sent(w, in) != GP_OK;
         if (cancelled) {
             gp_dev_freeze_weights(dev, false);
             return gp_error_set(GP_ERR_CANCELLED, "cancelled");
@@ -1993,7 +2099,7 @@ static gp_status run_step(worker *w)
                     return fail(p, st, in->j, in->i, -1);
                 }
             }
-            sweep(p, j);
+            if (!p->opts.lockstep) sweep(p, j);
         }
     }
     gp_status st = gp_dev_freeze_weights(dev, false);
@@ -2242,6 +2348,9 @@ static void free_step_tables(gp_pipeline *p)
     for (int j = 0; j < p->n; j++) {
         free(p->workers[j].events);
         p->workers[j].events = NULL;
+        free(p->workers[j].sent);
+        p->workers[j].sent = NULL;
+        p->workers[j].n_sent = 0;
         p->workers[j].n_events = 0; /* (gp_pipeline_events: none, not a stale count) */
         p->workers[j].cap_events = 0;
     }
@@ -2315,6 +2424,7 @@ static gp_status prepare(gp_pipeline *p, int m)
                            p->first[q % (size_t)p->S]) == GP_OK;
         p->mb[q].stash.keep = p->opts.ckpt_keep;
     }
+    if (ok && sent_tables(p) != GP_OK) ok = false;
     for (int j = 0; ok && j < p->n; j++) {
         /* a copy records two events (wait, copy) */
         p->workers[j].cap_events = 2 * p->sched.count[j];
