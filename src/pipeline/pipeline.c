@@ -1221,7 +1221,8 @@ static gp_status sent_tables(gp_pipeline *p)
                                                           .i = in->i, .from = in->from,
                                                           .to = in->j, .skip = in->skip};
             }
-        qsort(w->sent, (size_t)w->n_sent, sizeof *w->sent, sent_order);
+        if (w->n_sent > 1) /* (a device nobody copies from: sent NULL, UBSan's no) */
+            qsort(w->sent, (size_t)w->n_sent, sizeof *w->sent, sent_order);
     }
     return GP_OK;
 }
