@@ -1871,6 +1871,27 @@ static void test_describe_utf8(void)
     CHECK_MSG(bad == 0, "%d of %zu buffer sizes cut a character of the description", bad, n + 1);
 }
 
+/* A layer's error message longer than its 512 bytes is cut between two
+ * characters too: at each offset of 3-byte characters against the cut,
+ * the message is valid UTF-8 and holds every whole character that fits. */
+static void test_spec_error_utf8(void)
+{
+    gp_layer l = {.spec = spec_of(GP_LAYER_LINEAR), .index = 2};
+    snprintf(l.spec.name, sizeof l.spec.name, "fc");
+    for (int shift = 0; shift < 3; shift++) {
+        char text[700] = "";
+        for (int k = 0; k < shift; k++) strcat(text, "a");
+        for (int k = 0; k < 200; k++) strcat(text, "\xe6\x97\xa5"); /* CJK */
+        gp_layer_spec_error(&l, "%s", text);
+        const char *m = gp_last_error(), *at = strstr(m, "'fc'): ");
+        at = at ? at + 7 : NULL;
+        size_t got = at ? strlen(at) : 0;
+        CHECK_MSG(gpt_utf8_valid(m) && at && got + 3 > 511 && got <= 511 &&
+                  !strncmp(at, text, got), "shift %d: \"%s\" (%zu bytes of the text)", shift,
+                  m, got);
+    }
+}
+
 static void test_init(gp_device *dev, gp_device *dev2)
 {
     gp_layer_spec cs = spec_of(GP_LAYER_CONV2D);
@@ -2213,6 +2234,7 @@ int main(void)
     test_counts(dev);
     test_errors(dev);
     test_describe_utf8();
+    test_spec_error_utf8();
     test_init(dev, dev2);
     test_init_kaiming_normal(dev, dev2);
     test_avgpool_divisor(dev);

@@ -214,8 +214,11 @@ gp_status gp_layer_spec_error(const gp_layer *l, const char *fmt, ...)
     char msg[512], d[400];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    int n = vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* cut between two characters, as every message is (a name or a path of
+     * multi-byte characters in it) */
+    if (n >= (int)sizeof msg) msg[gp_utf8_cut(msg, sizeof msg - 1)] = '\0';
     return gp_error_set(GP_ERR_INVALID, "%s: %s", gp_layer_describe(l, d, sizeof d), msg);
 }
 
