@@ -89,7 +89,7 @@ static gp_layer_spec *push(spec_list *l, gp_layer_type t, const char *name)
     gp_layer_spec *s = &l->specs[l->n++];
     *s = gp_layer_spec_default(t);
     snprintf(s->name, sizeof s->name, "%s", name);
-    gp_cfg_copy_text(s->file, sizeof s->file, l->file);
+    gp_cfg_keep_tail(s->file, sizeof s->file, l->file);
     s->line = l->line;
     s->column = l->column;
     gp_cfg_copy_text(s->set, sizeof s->set, l->set);

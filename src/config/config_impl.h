@@ -151,6 +151,10 @@ void gp_cfg_list_names(const char *const *names, int n, char *buf, size_t len);
  * character the cut would split (gp_utf8_cut): a layer's path or --set
  * kept for its messages. */
 void gp_cfg_copy_text(char *dst, size_t len, const char *src);
+/* path into dst (len > 3 bytes): a path longer than dst keeps its end,
+ * where the file's name is ("...ng/dir/model.yaml"), from a character's
+ * first byte; every layer keeps its config's path so, a family's too. */
+void gp_cfg_keep_tail(char *dst, size_t len, const char *path);
 
 /* Every key of map m against the schema of section `sect`; an unknown one
  * is an error with the best hint (the key elsewhere, a near miss, the keys

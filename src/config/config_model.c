@@ -176,22 +176,6 @@ static bool has_key(const char *const *keys, int n, const char *k)
     return false;
 }
 
-/* path into dst (len bytes): a path longer than dst keeps its end, where
- * the file's name is ("...ng/dir/model.yaml"), for the messages that name
- * a layer's place. */
-static void keep_tail(char *dst, size_t len, const char *path)
-{
-    size_t n = strlen(path), room = len - 1;
-    if (n <= room) {
-        snprintf(dst, len, "%s", path);
-        return;
-    }
-    /* from a character's first byte (a continuation byte is half of one) */
-    const char *tail = path + (n - room + 3);
-    while (((unsigned char)*tail & 0xC0) == 0x80) tail++;
-    snprintf(dst, len, "...%s", tail);
-}
-
 /* gp_cfg_bad at a layer's type key, naming the override that made or
  * changed the layer where one did (spec->set): a missing option an
  * override took away is not the file's line alone (that line may have
@@ -246,7 +230,7 @@ static gp_status parse_layer(gp_cfg_walk *w, const gp_ynode *item, int index, gp
     if (!tnode->set) { /* a layer made by an override has no place in a file */
         spec->line = tnode->line;
         spec->column = tnode->column;
-        keep_tail(spec->file, sizeof spec->file, w->file);
+        gp_cfg_keep_tail(spec->file, sizeof spec->file, w->file);
     }
     /* the override that made or changed it, for the layer's messages */
     const char *by = gp_ynode_set_within(item);

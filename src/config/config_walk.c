@@ -276,6 +276,19 @@ void gp_cfg_copy_text(char *dst, size_t len, const char *src)
     dst[n] = '\0';
 }
 
+void gp_cfg_keep_tail(char *dst, size_t len, const char *path)
+{
+    size_t n = strlen(path), room = len - 1;
+    if (n <= room) {
+        memcpy(dst, path, n + 1);
+        return;
+    }
+    /* from a character's first byte (a continuation byte is half of one) */
+    const char *tail = path + (n - room + 3);
+    while (((unsigned char)*tail & 0xC0) == 0x80) tail++;
+    snprintf(dst, len, "...%s", tail);
+}
+
 void gp_cfg_non_ascii(const char *word, char *buf, size_t len)
 {
     const unsigned char *p = (const unsigned char *)word;
