@@ -916,6 +916,35 @@ static void test_errors(void)
                                     "  augment: {random_resized_crop: {ratio: [1e-50, 1]}}\n"),
                         NULL, 0),
               GP_ERR_INVALID, "data.augment.random_resized_crop.ratio.0 is 1e-50, below");
+    /* an evaluation resize under the centre crop would leave a square image
+     * smaller than the crop (until 2026-12-01 its edge pixels were
+     * stretched over the rest): refused where resize is given, or at
+     * model.input where its default is too small for a long side */
+    {
+        gp_config c;
+        CHECK_ERR(parse_bad(cat(k_base, "data:\n  dataset: image_folder\n  path: /x\n"
+                                        "  augment: {resize: 27}\n"), NULL, 0),
+                  GP_ERR_INVALID, "t.yaml:12:21: data.augment.resize = 27 is smaller than the "
+                  "centre crop, model.input's 28 x 28 (t.yaml:2:10)");
+        const char *flat = "model:\n  input: [3, 16, 32]\n"
+                           "  layers: [flatten, {linear: {out: 2}}]\n"
+                           "data: {dataset: image_folder, path: /x";
+        char text[512];
+        snprintf(text, sizeof text, "%s}\n", flat);
+        CHECK_ERR(parse_bad(text, NULL, 0), GP_ERR_INVALID,
+                  "t.yaml:2:10: model.input's 16 x 32 is larger than data.augment.resize, "
+                  "which is the crop's shorter side x 256 / 224 = 18 when left out");
+        const char *keep[] = {"data.augment.resize=27"};
+        CHECK_OK(parse_set(cat(k_base, "data: {dataset: image_folder, path: /x, augment: "
+                                       "{resize: 28}}\n"), NULL, 0, &c));
+        gp_config_free(&c);
+        snprintf(text, sizeof text, "%s, augment: {resize: 32}}\n", flat);
+        CHECK_OK(parse_set(text, NULL, 0, &c));
+        gp_config_free(&c);
+        CHECK_ERR(parse_bad(cat(k_base, "data: {dataset: image_folder, path: /x}\n"), keep, 1),
+                  GP_ERR_INVALID, "--set data.augment.resize=27: data.augment.resize = 27 is "
+                  "smaller");
+    }
     /* an option an override took away: the file's line has it, so the
      * message names the override (until 2026-12-01 the line alone) */
     const char *drop_out[] = {"model.layers.4.linear={in: 64}"};

@@ -155,6 +155,36 @@ static gp_status parse_folder(gp_cfg_walk *w, const gp_ynode *m, const gp_ynode 
     return s;
 }
 
+/* image_folder's evaluation crop (and training's without
+ * random_resized_crop): the shorter side resized to data.augment.resize,
+ * then model.input's height and width cut from the centre.  A resize under
+ * the crop's larger side leaves a square image smaller than the crop, which
+ * torchvision's CenterCrop pads with zeros and the resampler would fill
+ * with stretched edge pixels: refused here, before any image is read. */
+static gp_status check_resize(const gp_cfg_walk *w, const gp_ynode *aug,
+                              const gp_model_config *mc, const gp_data_config *dc)
+{
+    int64_t h = mc->input[1], wd = mc->input[2];
+    if (dc->dataset != GP_DATASET_IMAGE_FOLDER || h < 1 || wd < 1) return GP_OK;
+    int64_t big = h > wd ? h : wd, small = h < wd ? h : wd;
+    /* (image_folder.c's default) */
+    int64_t r = dc->resize > 0 ? dc->resize : (int64_t)lround((double)small * 256.0 / 224.0);
+    if (r >= big) return GP_OK;
+    const gp_ynode *rn = gp_ymap_get(aug, "resize");
+    if (dc->resize > 0)
+        return gp_cfg_bad(w, rn, "data.augment.resize = %lld is smaller than the centre crop, "
+                          "model.input's %lld x %lld (%s): an image's shorter side is resized "
+                          "to %lld and the crop would reach past it; give data.augment.resize "
+                          "at least %lld", (long long)r, (long long)h, (long long)wd,
+                          mc->input_at, (long long)r, (long long)big);
+    return gp_error_set(GP_ERR_INVALID, "%s: model.input's %lld x %lld is larger than "
+                        "data.augment.resize, which is the crop's shorter side x 256 / 224 = "
+                        "%lld when left out: an image's shorter side is resized to %lld and "
+                        "the centre crop would reach past it; give data.augment.resize at "
+                        "least %lld", mc->input_at, (long long)h, (long long)wd, (long long)r,
+                        (long long)r, (long long)big);
+}
+
 gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model_config *mc,
                             gp_data_config *dc)
 {
@@ -256,6 +286,7 @@ gp_status gp_cfg_parse_data(gp_cfg_walk *w, const gp_ynode *root, const gp_model
         if (dc->n_mean > 0) gp_cfg_warn(w, mean, "data.mean and data.std are ignored: %s", why);
     }
     GP_TRY(parse_folder(w, m, aug, folder, ds_set, dc));
+    GP_TRY(check_resize(w, aug, mc, dc));
     GP_TRY(gp_cfg_get_int32(w, m, "data", "prefetch", 2, 1, 1024, &dc->prefetch));
     GP_TRY(gp_cfg_get_int(w, m, "data", "train_limit", 0, 0, INT64_MAX, &dc->train_limit));
     GP_TRY(gp_cfg_get_int(w, m, "data", "test_limit", 0, 0, INT64_MAX, &dc->test_limit));
