@@ -106,14 +106,20 @@ static void mkdir_p(const char *p) { mkdir(p, 0700); }
 /* ------------------------------------------------------------------------ */
 /* IDX                                                                       */
 
-static bool idx_matches(const gp_dataset *ds, int64_t n, int64_t h, int64_t w, int mod)
+static bool idx_matches_images(const gp_dataset *ds, int64_t n, int64_t h, int64_t w)
 {
     if (ds->n != n || ds->c != 1 || ds->h != h || ds->w != w) return false;
-    for (int64_t i = 0; i < n; i++) {
-        if (ds->labels[i] != i % mod) return false;
+    for (int64_t i = 0; i < n; i++)
         for (int64_t p = 0; p < h * w; p++)
             if (ds->images[i * h * w + p] != pixel_of(i, p)) return false;
-    }
+    return true;
+}
+
+static bool idx_matches(const gp_dataset *ds, int64_t n, int64_t h, int64_t w, int mod)
+{
+    if (!idx_matches_images(ds, n, h, w)) return false;
+    for (int64_t i = 0; i < n; i++)
+        if (ds->labels[i] != i % mod) return false;
     return true;
 }
 
@@ -231,6 +237,43 @@ static void test_idx_errors(void)
         for (int i = 10; i < 64; i++) junk[i] = (uint8_t)(i * 37);
         write_bytes(tpath("junk.gz"), junk, sizeof junk, false);
         CHECK_ERR(gp_idx_read_images(tpath("junk.gz"), &ds), GP_ERR_DATA, "junk.gz");
+    }
+    /* Concatenated gzip members (`gzip -c a b`, `cat a.gz b.gz`) are one
+     * file's data; bytes after the last member that are not another one
+     * (a padded download, a raw file appended) are an error naming the file
+     * and where the gzip data ends, not skipped as zlib's gzread skips them. */
+    {
+        write_idx_images(tpath("two.gz"), true, 0x803, 10, 4, 5, -1);
+        uint8_t b[16 + 200];
+        gzFile g = gzopen(tpath("two.gz"), "rb");
+        CHECK(g != NULL && gzread(g, b, sizeof b) == (int)sizeof b);
+        if (g) gzclose(g);
+        for (int split = 1; split < (int)sizeof b; split += 53) {
+            write_bytes(tpath("two.gz"), b, (size_t)split, true);
+            g = gzopen(tpath("two.gz"), "ab");
+            CHECK(g != NULL && gzwrite(g, b + split, (unsigned)(sizeof b - split)) > 0);
+            if (g) gzclose(g);
+            gp_dataset two = {0};
+            CHECK_OK(gp_idx_read_images(tpath("two.gz"), &two));
+            CHECK_MSG(two.images && idx_matches_images(&two, 10, 4, 5), "split at %d", split);
+            gp_dataset_free(&two);
+        }
+        static const char *const tails[] = {"\0", "\0\0\0\0\0\0\0\0", "junk\n", "\x1f"};
+        static const size_t tail_len[] = {1, 8, 5, 1};
+        for (int k = 0; k < 4; k++) {
+            write_bytes(tpath("pad.gz"), b, sizeof b, true);
+            FILE *f = fopen(tpath("pad.gz"), "ab");
+            CHECK(f && fwrite(tails[k], 1, tail_len[k], f) == tail_len[k]);
+            if (f) fclose(f);
+            struct stat ps;
+            CHECK(stat(tpath("pad.gz"), &ps) == 0);
+            char want[160];
+            snprintf(want, sizeof want, "pad.gz: %zu byte%s after its gzip data (which ends "
+                     "at byte %lld of %lld)", tail_len[k], tail_len[k] == 1 ? "" : "s",
+                     (long long)(ps.st_size - tail_len[k]), (long long)ps.st_size);
+            CHECK_ERR(gp_idx_read_images(tpath("pad.gz"), &ds), GP_ERR_DATA, want);
+            CHECK(ds.images == NULL);
+        }
     }
     /* Absurd headers: never allocated. */
     {

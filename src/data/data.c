@@ -58,43 +58,104 @@ void gp_dataset_free(gp_dataset *ds)
 }
 
 /* ------------------------------------------------------------------------ */
-/* IDX through zlib (gzread reads uncompressed files transparently)          */
+/* IDX, raw or gzip: zlib's inflate, member by member.  (gzread reads both
+ * too, but skips whatever follows the last member without a word: a padded
+ * download or a raw file appended to a .gz would train as if absent.) */
 
 static uint32_t be32(const unsigned char *b)
 {
     return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | (uint32_t)b[3];
 }
 
-static gzFile idx_open(const char *path, gp_status *s)
+typedef struct {
+    int fd;
+    bool gz;          /* the file begins with gzip's magic bytes */
+    bool done;        /* no more data: raw, the end of the file; gzip, the last
+                         member's end */
+    int64_t in_at;    /* the file's offset of in[0] */
+    int64_t trailing; /* gzip: bytes after the last member that are not another */
+    z_stream z;       /* next_in, avail_in: the unread bytes of in[] (raw too) */
+    unsigned char in[1 << 16];
+} idx_file;
+
+/* The unread bytes moved to in[0], then as many more as fit: the count
+ * read, 0 at the end of the file, -1 on a read error (errno). */
+static ssize_t idx_fill(idx_file *f)
 {
-    /* a regular file only: gzopen of a FIFO would block, deaf to signals */
+    size_t keep = f->z.avail_in, drop = (size_t)(f->z.next_in - f->in);
+    if (keep) memmove(f->in, f->z.next_in, keep);
+    f->in_at += (int64_t)drop;
+    f->z.next_in = f->in;
+    ssize_t r;
+    do r = read(f->fd, f->in + keep, sizeof f->in - keep);
+    while (r < 0 && errno == EINTR);
+    if (r > 0) f->z.avail_in = (uInt)(keep + (size_t)r);
+    return r;
+}
+
+static void idx_close(idx_file *f)
+{
+    if (!f) return;
+    if (f->gz) inflateEnd(&f->z);
+    close(f->fd);
+    free(f);
+}
+
+static idx_file *idx_open(const char *path, gp_status *s)
+{
+    /* a regular file only: opening a FIFO would block, deaf to signals */
     int fd = gp_open_regular(path);
-    gzFile f = NULL;
-    if (fd >= 0) {
-        errno = 0;
-        f = gzdopen(fd, "rb");
-        if (!f) close(fd);
+    if (fd < 0) {
+        *s = gp_error_set(GP_ERR_IO, "cannot open '%s': %s", path, gp_open_strerror(errno));
+        return NULL;
     }
-    if (!f)
-        *s = gp_error_set(GP_ERR_IO, "cannot open '%s': %s", path,
-                          fd < 0 ? gp_open_strerror(errno)
-                          : errno ? strerror(errno) : "out of memory");
+    idx_file *f = calloc(1, sizeof *f);
+    if (!f) {
+        close(fd);
+        *s = gp_error_set(GP_ERR_OOM, "cannot open '%s': out of host memory", path);
+        return NULL;
+    }
+    f->fd = fd;
+    f->z.next_in = f->in;
+    while (f->z.avail_in < 2) {
+        ssize_t r = idx_fill(f);
+        if (r <= 0) {
+            if (r < 0) {
+                *s = gp_error_set(GP_ERR_IO, "cannot read '%s': %s", path, strerror(errno));
+                idx_close(f);
+                return NULL;
+            }
+            break;
+        }
+    }
+    f->gz = f->z.avail_in >= 2 && f->in[0] == 0x1f && f->in[1] == 0x8b;
+    if (f->gz && inflateInit2(&f->z, 16 + MAX_WBITS) != Z_OK) {
+        f->gz = false;
+        idx_close(f);
+        *s = gp_error_set(GP_ERR_OOM, "cannot read '%s': out of host memory for zlib", path);
+        return NULL;
+    }
     return f;
 }
 
-#define GZ_CHUNK ((int64_t)1 << 20)
+/* zerr for bytes after the last gzip member that are not another one */
+static const char k_trailing[] = "trailing bytes";
 
 /* zlib's "incorrect data check" / "incorrect length check" come from the
  * gzip trailer: every byte decompressed, but not to what was written. */
-static gp_status gz_corrupt(const char *path, int64_t at, const char *zerr)
+static gp_status gz_corrupt(const idx_file *f, const char *path, int64_t at, const char *zerr)
 {
-    bool trailer = zerr && strstr(zerr, "check");
-    /* (gzerror puts the path first, which the message says already) */
-    size_t pl = strlen(path);
-    if (zerr && !strncmp(zerr, path, pl) && !strncmp(zerr + pl, ": ", 2)) zerr += pl + 2;
-    /* a checksum found wrong says nothing of where: the count of what the
-     * failing read decoded is lost with it, so no byte is named */
-    if (trailer)
+    if (zerr == k_trailing) {
+        int64_t end = f->in_at + (f->z.next_in - f->in);
+        return gp_error_set(GP_ERR_DATA,
+                            "%s: %lld byte%s after its gzip data (which ends at byte %lld of "
+                            "%lld) are not gzip data: the file is damaged (padded) or another "
+                            "file was appended to it; fetch or decompress it again", path,
+                            (long long)f->trailing, f->trailing == 1 ? "" : "s",
+                            (long long)end, (long long)(end + f->trailing));
+    }
+    /* a checksum found wrong says nothing of where the damage is */
+    if (zerr && strstr(zerr, "check"))
         return gp_error_set(GP_ERR_DATA,
                             "%s: corrupt gzip data (zlib: %s): the data does not match the "
                             "file's checksum, so some byte of it is wrong; the file is damaged: "
@@ -105,34 +166,70 @@ static gp_status gz_corrupt(const char *path, int64_t at, const char *zerr)
                         path, zerr, (long long)at);
 }
 
-/* Read up to `len` bytes into buf.  Returns the bytes read; sets *zerr to a
- * zlib message if the stream itself is corrupt (not merely short). */
-static int64_t gz_read_all(gzFile f, void *buf, int64_t len, const char **zerr)
+/* After a gzip member's end: another member (its magic bytes), the end of
+ * the file, or bytes that are not gzip (*zerr = k_trailing, f->trailing
+ * their count).  Whether to go on inflating. */
+static bool next_member(idx_file *f, const char **zerr)
 {
+    if (f->z.avail_in < 2 && idx_fill(f) < 0) {
+        *zerr = strerror(errno);
+        return false;
+    }
+    const unsigned char *p = f->z.next_in;
+    if (f->z.avail_in >= 2 && p[0] == 0x1f && p[1] == 0x8b) {
+        inflateReset(&f->z);
+        return true;
+    }
+    f->done = true;
+    if (f->z.avail_in == 0) return false;
+    struct stat st;
+    int64_t end = f->in_at + (f->z.next_in - f->in);
+    f->trailing = fstat(f->fd, &st) == 0 && st.st_size > end ? st.st_size - end
+                                                              : (int64_t)f->z.avail_in;
+    *zerr = k_trailing;
+    return false;
+}
+
+/* Read up to `len` bytes into buf.  Returns the bytes read; sets *zerr to a
+ * zlib message (or k_trailing, or a read error's) if the file is corrupt,
+ * not merely short. */
+static int64_t idx_read(idx_file *f, void *buf, int64_t len, const char **zerr)
+{
+    unsigned char *out = buf;
     int64_t got = 0;
     *zerr = NULL;
-    while (got < len) {
-        /* 1 MiB a call: a gzread that fails loses the count of what it
-         * decoded, so a corruption is placed to within one call's bytes. */
-        int64_t want = len - got;
-        if (want > GZ_CHUNK) want = GZ_CHUNK;
-        int r = gzread(f, (char *)buf + got, (unsigned)want);
-        if (r < 0) {
-            int num = Z_OK;
-            const char *m = gzerror(f, &num);
-            /* Z_BUF_ERROR: the compressed stream ended early = truncation. */
-            if (num != Z_BUF_ERROR) *zerr = m;
+    while (got < len && !f->done) {
+        if (f->z.avail_in == 0) {
+            ssize_t r = idx_fill(f);
+            if (r < 0) *zerr = strerror(errno);
+            if (r <= 0) break; /* (gzip: cut inside a member, which is short) */
+        }
+        int64_t want = len - got < ((int64_t)1 << 30) ? len - got : ((int64_t)1 << 30);
+        if (!f->gz) {
+            size_t n = f->z.avail_in < (uint64_t)want ? f->z.avail_in : (size_t)want;
+            memcpy(out + got, f->z.next_in, n);
+            f->z.next_in += n;
+            f->z.avail_in -= (uInt)n;
+            got += (int64_t)n;
+            continue;
+        }
+        f->z.next_out = out + got;
+        f->z.avail_out = (uInt)want;
+        int r = inflate(&f->z, Z_NO_FLUSH);
+        got += want - (int64_t)f->z.avail_out;
+        if (r == Z_STREAM_END) {
+            if (!next_member(f, zerr)) break;
+        } else if (r != Z_OK && r != Z_BUF_ERROR) { /* (BUF: more input wanted) */
+            *zerr = f->z.msg ? f->z.msg : zError(r);
             break;
         }
-        if (r == 0) break;
-        got += r;
     }
     return got;
 }
 
 /* Read exactly `len` payload bytes after a header of `hdr` bytes into a
  * buffer that grows as data arrives.  `what` is "pixels" or "labels". */
-static gp_status idx_read_payload(gzFile f, const char *path, int64_t hdr, int64_t len,
+static gp_status idx_read_payload(idx_file *f, const char *path, int64_t hdr, int64_t len,
                                   const char *what, const char *shape, uint8_t **out)
 {
     int64_t cap = len < ((int64_t)1 << 24) ? len : ((int64_t)1 << 24);
@@ -143,7 +240,7 @@ static gp_status idx_read_payload(gzFile f, const char *path, int64_t hdr, int64
     int64_t got = 0;
     const char *zerr = NULL;
     for (;;) {
-        int64_t r = gz_read_all(f, buf + got, cap - got, &zerr);
+        int64_t r = idx_read(f, buf + got, cap - got, &zerr);
         got += r;
         if (got < cap || zerr || got == len) break;
         int64_t ncap = cap * 2 < len ? cap * 2 : len;
@@ -158,7 +255,7 @@ static gp_status idx_read_payload(gzFile f, const char *path, int64_t hdr, int64
     }
     if (zerr) {
         free(buf);
-        return gz_corrupt(path, hdr + got, zerr);
+        return gz_corrupt(f, path, hdr + got, zerr);
     }
     if (got < len) {
         free(buf);
@@ -172,10 +269,10 @@ static gp_status idx_read_payload(gzFile f, const char *path, int64_t hdr, int64
      * rewritten in place, two concatenated), and reading only the first
      * part would train on part of it without a word. */
     unsigned char extra;
-    int64_t more = gz_read_all(f, &extra, 1, &zerr);
+    int64_t more = idx_read(f, &extra, 1, &zerr);
     if (zerr || more > 0) {
         free(buf);
-        if (zerr) return gz_corrupt(path, hdr + len, zerr);
+        if (zerr) return gz_corrupt(f, path, hdr + len, zerr);
         return gp_error_set(GP_ERR_DATA,
                             "%s: the file goes on after the %lld bytes its header announces "
                             "(%lld-byte header + %s %s): the header's counts do not match "
@@ -186,14 +283,14 @@ static gp_status idx_read_payload(gzFile f, const char *path, int64_t hdr, int64
     return GP_OK;
 }
 
-static gp_status idx_header(gzFile f, const char *path, uint32_t magic, int words,
+static gp_status idx_header(idx_file *f, const char *path, uint32_t magic, int words,
                             uint32_t *v)
 {
     unsigned char b[16];
     const char *zerr = NULL;
     int64_t need = 4 * (int64_t)words;
-    int64_t got = gz_read_all(f, b, need, &zerr);
-    if (zerr) return gz_corrupt(path, got, zerr);
+    int64_t got = idx_read(f, b, need, &zerr);
+    if (zerr) return gz_corrupt(f, path, got, zerr);
     if (got >= 4 && be32(b) != magic)
         return gp_error_set(GP_ERR_DATA,
                             "%s: bad magic number 0x%08x, expected 0x%08x (IDX %s); is this "
@@ -209,7 +306,7 @@ static gp_status idx_header(gzFile f, const char *path, uint32_t magic, int word
 gp_status gp_idx_read_images(const char *path, gp_dataset *ds)
 {
     gp_status s = GP_OK;
-    gzFile f = idx_open(path, &s);
+    idx_file *f = idx_open(path, &s);
     if (!f) return s;
     uint32_t v[4] = {0};
     s = idx_header(f, path, IDX_MAGIC_IMAGES, 4, v);
@@ -227,7 +324,7 @@ gp_status gp_idx_read_images(const char *path, gp_dataset *ds)
     char shape[96];
     snprintf(shape, sizeof shape, "%lld x %lld x %lld", (long long)n, (long long)h, (long long)w);
     if (s == GP_OK) s = idx_read_payload(f, path, 16, n * h * w, "pixels", shape, &px);
-    gzclose(f);
+    idx_close(f);
     if (s != GP_OK) return s;
     free(ds->images);
     ds->images = px;
@@ -242,7 +339,7 @@ gp_status gp_idx_read_images(const char *path, gp_dataset *ds)
 gp_status gp_idx_read_labels(const char *path, gp_dataset *ds)
 {
     gp_status s = GP_OK;
-    gzFile f = idx_open(path, &s);
+    idx_file *f = idx_open(path, &s);
     if (!f) return s;
     uint32_t v[2] = {0};
     s = idx_header(f, path, IDX_MAGIC_LABELS, 2, v);
@@ -257,7 +354,7 @@ gp_status gp_idx_read_labels(const char *path, gp_dataset *ds)
     char shape[48];
     snprintf(shape, sizeof shape, "%lld", (long long)n);
     if (s == GP_OK) s = idx_read_payload(f, path, 8, n, "labels", shape, &lb);
-    gzclose(f);
+    idx_close(f);
     if (s != GP_OK) return s;
     int32_t *wide = malloc(sizeof *wide * (size_t)n); /* a dataset's labels are 32-bit */
     if (wide)
@@ -813,11 +910,11 @@ gp_status gp_dataset_peek(const gp_data_config *cfg, bool train_split, gp_datase
         char ipath[1024], lpath[1024];
         GP_TRY(idx_files(cfg, dir, train_split, ipath, lpath));
         gp_status s = GP_OK;
-        gzFile f = idx_open(ipath, &s);
+        idx_file *f = idx_open(ipath, &s);
         if (!f) return s;
         uint32_t v[4] = {0};
         s = idx_header(f, ipath, IDX_MAGIC_IMAGES, 4, v);
-        gzclose(f);
+        idx_close(f);
         GP_TRY(s);
         out->n = v[1];
         out->c = 1;
