@@ -2431,10 +2431,20 @@ static void test_profile_search(void)
  * leaky ReLU in place, instance norm, concatenations), on capped devices
  * as the planner plans for (a capped CPU device keeps no reordered
  * weights).  Under-planning is the side that hurts (a split said to fit
- * runs out of memory), so that is held to 15%; over-planning only to 2x
- * (zb-h1's stage 0 plans up to 1.75x here).  The measured peak moves a
- * little with the threads' timing, so, as in test_simulator, up to 3
- * attempts and the bounds asserted on the last.  Until 2026-11-25 zb-h1
+ * runs out of memory), so the plan must be an upper bound: every run here
+ * is lockstep, whose frees are at fixed places (pipeline.c, await_sent),
+ * so planned >= measured, less PEAK_SLACK; over-planning only to 2x
+ * (zb-h1's stage 0 plans up to 1.9x here: the planner walks ZB-H1's
+ * untimed order, which holds two data halves' gradients where the order
+ * the executor tuned holds one).  v-half and v-min order their lists by
+ * the first step's times, so, as in test_simulator, up to 3 attempts and
+ * the bounds asserted on the last.  Until 2026-12-01 the bound was 0.85x,
+ * and GPipe's last stage planned 0.94-0.95x what it measured (its
+ * decoder's concatenation makes both halves of its input's gradient
+ * beside that gradient, in the backward: sim.c, bwd_rise), 1F1B's 1.00x
+ * only by a margin the targets uploaded a micro-batch ahead took, and the
+ * V schedules' devices down to 0.90x (lockstep holds what a stage on a
+ * later clock copies until then: sim.c, sent_free).  Until 2026-11-25 zb-h1
  * held every layer's incoming gradient between its backward's halves
  * while the model counted what the forward kept: stage 1 here measured
  * 43.5-45.3 MiB against 33.95 planned (0.75-0.78); now 26.4.  On 4
@@ -2442,14 +2452,16 @@ static void test_profile_search(void)
  * until 2026-11-25 the planner counted one and stage 0 measured up to
  * 1.43x its plan (0.70). */
 /* The computations the executor ran in its last step, device by device in
- * its order, as a schedule file of n ranks and S stages placed in a V. */
+ * its order, as a schedule file of n ranks and S stages placed in a V (or
+ * one a rank, S = n). */
 static void executed_file(const gp_model *model, int n, int S, int m, gp_schedule_file *f)
 {
     memset(f, 0, sizeof *f);
     f->n = n;
     f->stages = S;
     f->m = m;
-    f->v_shape = f->split = true;
+    f->v_shape = S > n;
+    f->split = true;
     for (int d = 0; d < n; d++) {
         int cnt = 0;
         const gp_event_rec *ev = gp_pipeline_events(model->pipe, d, &cnt);
@@ -2467,25 +2479,36 @@ static void executed_file(const gp_model *model, int n, int S, int m, gp_schedul
 }
 
 /* want[] again, simulated on the lists the executor ran (resim: the
- * profile): v-half and v-min order a device's list by the stages' times
- * the first step measured, which a simulation in unit times does not know
- * (a loaded machine's times ordered v-min's device 0 to hold 9.35 MiB for
- * a plan of 6.98, CI 2026-11-29). */
+ * profile): zb-h1, v-half and v-min order a device's list by the stages'
+ * times the first steps measured (pipeline.c, tune_order), which a
+ * simulation in unit times does not know (a loaded machine's times
+ * ordered v-min's device 0 to hold 9.35 MiB for a plan of 6.98, CI
+ * 2026-11-29; zb-h1's stage 0 of 4 here 13.47 MiB for a plan of 10.85 in
+ * about one run in 10, 2026-12-01). */
 static void resimulate(const gp_model *model, const gp_config *cfg, const gp_profile *resim,
                        int nd, double *want)
 {
     gp_schedule_file f;
-    executed_file(model, nd, cfg->pipeline.n_balance, cfg->pipeline.chunks, &f);
-    CHECK_OK(gp_simulate_memory(resim, GP_SCHEDULE_FILE_V, nd, 2, &f, cfg->pipeline.balance,
-                                cfg->pipeline.chunks, cfg->pipeline.checkpoint, want, NULL));
+    int S = cfg->pipeline.n_balance;
+    executed_file(model, nd, S, cfg->pipeline.chunks, &f);
+    CHECK_OK(gp_simulate_memory(resim, S > nd ? GP_SCHEDULE_FILE_V : GP_SCHEDULE_FILE, nd,
+                                S / nd, &f, cfg->pipeline.balance, cfg->pipeline.chunks,
+                                cfg->pipeline.checkpoint, want, NULL));
     for (int d = 0; d < nd; d++) free(f.acts[d]);
 }
 
 /* Two pipelined steps of cfg's U-Net on its nd devices (the first
  * allocates the caches), then each device's allocator peak of the second
  * against want[] (the planner's or the simulator's, `what`; with resim, simulated again on the lists it ran): the number of
- * devices whose ratio is under 0.85 or over 2, each printed on the last
- * attempt (and with GPIPE_TEST_VERBOSE). */
+ * devices measured over want[] + PEAK_SLACK or planned over twice what
+ * they measured, each printed on the last attempt (and with
+ * GPIPE_TEST_VERBOSE). */
+/* What a measured peak may be over its plan: the device's arena rounds
+ * the workspace its layers asked for up (about 2 KiB here) and the step's
+ * loss results take 8 bytes and 24 a micro-batch (pipeline.c, RES_LOSS),
+ * which no layer's profile holds. */
+enum { PEAK_SLACK = 8 << 10 };
+
 static int peaks_bad(gp_config *cfg, int nd, double *want, const char *unit,
                      const char *what, bool last, const gp_profile *resim)
 {
@@ -2506,7 +2529,7 @@ static int peaks_bad(gp_config *cfg, int nd, double *want, const char *unit,
     int bad = 0;
     for (int j = 0; j < nd; j++) {
         double got = (double)devs[j]->alloc.peak, r = want[j] / got;
-        bool ok = r > 0.85 && r < 2.0;
+        bool ok = want[j] + PEAK_SLACK >= got && r < 2.0;
         if ((!ok && last) || getenv("GPIPE_TEST_VERBOSE"))
             printf("test_balance: %d %s, %s, %s, device %d: %s peak %.2f MiB, measured %.2f MiB "
                    "(ratio %.3f)\n", nd, unit, gp_schedule_kind_name(cfg->pipeline.schedule),
@@ -2602,7 +2625,11 @@ static int schedule_memory_attempt(bool last, int nd, bool sample)
             po.by = GP_BALANCE_BY_SIZE;
             double cost[4], peak[4];
             gp_balance_stage_costs(&p, &po, bal, cost, peak);
-            bad += peaks_bad(&cfg, nd, peak, "stages", "planned", last, NULL);
+            /* (zb-h1: planned for its untimed order; simulated again on
+             * the order the executor tuned, resimulate) */
+            bool zb = kind == GP_SCHEDULE_ZB_H1;
+            bad += peaks_bad(&cfg, nd, peak, "stages", zb ? "simulated" : "planned", last,
+                             zb ? &p : NULL);
         }
     bad += keep_peaks(&cfg, &p, nd, bal, last);
     /* the V schedules (two stages a device) and interleaved (2 a device),
@@ -2726,8 +2753,8 @@ static void test_schedule_memory(bool sample)
         int bad = 0;
         for (int a = 0; a < 3; a++)
             if ((bad = schedule_memory_attempt(a == 2, nd, sample)) == 0) break;
-        CHECK_MSG(bad == 0, "%d devices: planned peaks under 0.85x (or over 2x) the measured "
-                  "ones in %d of %d (schedule, checkpoint, device) cases", nd, bad,
+        CHECK_MSG(bad == 0, "%d devices: planned peaks under (or over 2x) the measured ones "
+                  "in %d of %d (schedule, checkpoint, device) cases", nd, bad,
                   (sample ? 4 : 14) * nd);
     }
     if (sample)

@@ -186,6 +186,12 @@ typedef struct gp_profile {
                                   device holds optim_bytes / optim_shards.
                                   A fact of the run like bf16_copies, not
                                   measured nor saved */
+    double target_bytes;       /* the loss's targets (labels, FP32) a sample
+                                  on the last stage: a micro-batch's, and the
+                                  next one's uploaded during its loss.  A fact
+                                  of the run like bf16_copies (the loss:
+                                  gp_model_profile_facts), not measured nor
+                                  saved; 0: none counted */
     int warmup, reps;
     int n_sizes;               /* micro-batch sizes measured, ascending */
     int64_t sizes[GP_PROFILE_MAX_SIZES];
@@ -498,7 +504,7 @@ gp_status gp_simulate_schedule_file(const gp_profile *p, gp_schedule_kind kind, 
  * gp_profile_estimate will do).  floor (optional, [n]): what each device
  * holds at least, the peak where it runs one stage, else each of its
  * stages' own peak beside the others' weights, gradients and state (the
- * model of stages that share a device errs high: up to 1.5x measured). */
+ * model of stages that share a device errs high: up to 1.7x measured). */
 gp_status gp_simulate_memory(const gp_profile *p, gp_schedule_kind kind, int n, int v,
                              const struct gp_schedule_file *file, const int *balance, int m,
                              gp_checkpoint_mode ckpt, double *peak, double *floor);

@@ -256,6 +256,126 @@ static double stage_static_bytes(const gp_profile *p, int first, int count)
     return b;
 }
 
+/* What a forward that keeps everything holds of layer k of the stage
+ * [first, last] for its backward, per sample (its backward frees it). */
+static double kept_bytes(const gp_profile *p, int first, int last, int k)
+{
+    const gp_layer_mem *mm = p->mem;
+    stored_mem sk = stored(p, k);
+    double kk = sk.keep;
+    /* a stage's first layer runs out of place: its input is the stage's */
+    if (k == first && mm[k].inplace) kk += sk.out;
+    if (k == last) { /* the stage output is kept: the memory of the layer that made it */
+        int o = k; /* through the in-place layers over it (the whole model's flags) */
+        while (o > first && mm[o].inplace) o--;
+        if (mm[o].unkept) kk += stored(p, o).out;
+    }
+    return kk;
+}
+
+/* The most a backward of the stage [first, last] (stage j; its data half
+ * alone with `half`) holds over what it began with, per sample: layer c's
+ * backward makes the gradients of its inputs (a skip's pop's too) while
+ * its own incoming one is alive, beside the pops' gradients made above it
+ * and not yet added in at their stash (or sent back: a skip from an
+ * earlier stage), and, in a data half, the incoming gradients of the
+ * layers above with parameters (gp_ckpt_backward_data keeps them for the
+ * weights half).  A whole backward has freed what the layers above kept
+ * (less `early`, what the forward freed of that already).  The stage's
+ * incoming gradient, counted in what it began with, is gone below the
+ * last layer (freed, or handed down as the gradient counted there), except
+ * in a data half whose last layer has parameters.
+ * Gradients at FP32 bytes.  gp_stage_peak_trace counted only the largest
+ * input's gradient at the backward's start, and a 2-stage U-Net's stage 1
+ * peaked 0.87 MiB over its plan (0.95x) where its decoder's concatenation
+ * made both halves of its input's gradient beside that gradient. */
+static double bwd_rise(const gp_profile *p, int j, int first, int last, bool half, double early)
+{
+    const gp_layer_mem *mm = p->mem;
+    int count = last - first + 1;
+    /* per layer c of the stage: the skips it pops (pop[c - first]) and
+     * those that stash at c, popped inside the stage (stash[c - first]) */
+    double *pop = calloc(2 * (size_t)count, sizeof *pop), *stash = pop + count;
+    if (!pop) return HUGE_VAL; /* (no plan says it fits) */
+    for (int t = 0; t < p->n_skips; t++) {
+        const gp_profile_skip *k = &p->skips[t];
+        if (k->to < first || k->to > last) continue;
+        pop[k->to - first] += mm[k->from].out_per_sample;
+        if (k->from >= first) stash[k->from - first] += mm[k->from].out_per_sample;
+    }
+    double rise = 0, freed = 0, held = 0, pending = 0; /* popped above c, stashed below */
+    int ft = j == 0 ? p->first_trainable : -1; /* stage 0: no dx at or below it */
+    for (int c = last; c >= first; c--) {
+        pending -= stash[c - first]; /* added into c's incoming gradient first */
+        double dx = c > ft ? mm[c].in_per_sample + pop[c - first] : 0;
+        /* (a data half keeps a layer's with parameters for its weights half) */
+        bool dy_gone = c < last && !(half && mm[last].param_bytes > 0);
+        double g = c < last ? mm[c].out_per_sample - (dy_gone ? stored(p, last).out : 0) : 0;
+        double r = g + dx + fmax(pending, 0) + held - (freed > early ? freed - early : 0);
+        if (r > rise) rise = r;
+        pending += pop[c - first];
+        if (half) {
+            if (c < last && mm[c].param_bytes > 0) held += mm[c].out_per_sample;
+        } else {
+            freed += kept_bytes(p, first, last, c);
+        }
+    }
+    free(pop);
+    return rise;
+}
+
+/* Lockstep frees what another stage copies from this one at fixed places
+ * of the device's list (pipeline.c, await_sent): before an instruction of
+ * clock k, what copies of a level (2 k', + 1 for a copy that feeds a
+ * backward) under 2 k read, and before a copy that feeds a backward, those
+ * of level 2 k too.  lvl_act[i], lvl_grad[i]: the levels of the copies of
+ * stage j's output and input gradient of micro-batch i (-1: none). */
+static void sent_levels(const gp_schedule *sched, int j, int *lvl_act, int *lvl_grad)
+{
+    for (int i = 0; i < sched->m && i < GP_MAX_CHUNKS; i++) lvl_act[i] = lvl_grad[i] = -1;
+    for (int q = 0; q < 2; q++) { /* the readers: stage j + 1's device, j - 1's */
+        int r = j + (q == 0 ? 1 : -1), e = r >= 0 && r < sched->stages ? sched->dev_of[r] : -1;
+        if (e < 0 || (q == 1 && j + 1 < sched->stages && e == sched->dev_of[j + 1])) continue;
+        for (int c = 0; c < sched->count[e]; c++) {
+            const gp_instr *in = &sched->list[e][c];
+            if (in->from != j || in->i < 0 || in->i >= sched->m || in->i >= GP_MAX_CHUNKS)
+                continue;
+            if (in->kind == GP_INSTR_RECV_ACT) lvl_act[in->i] = 2 * in->k;
+            if (in->kind == GP_INSTR_RECV_GRAD) lvl_grad[in->i] = 2 * in->k + 1;
+        }
+    }
+}
+
+/* Tensors of micro-batches [lo, hi) (the ones held: a few in flight)
+ * awaiting their copies, each until lockstep frees it. */
+typedef struct {
+    const int *lvl; /* [m]: its copy's level, -1: none */
+    double *bytes;  /* [m]: held, 0: none */
+    int lo, hi;
+} sent_held;
+
+static void sent_hold(sent_held *q, int i, double b)
+{
+    if (q->lo == q->hi) q->lo = q->hi = i;
+    if (i < q->lo) q->lo = i;
+    if (i >= q->hi) q->hi = i + 1;
+    q->bytes[i] += b;
+}
+
+/* What lockstep frees of q before instruction `in` of the stage's device:
+ * the tensors whose copies' levels are at most what it waits for. */
+static double sent_free(sent_held *q, const gp_instr *in)
+{
+    bool bwd_copy = in->kind == GP_INSTR_RECV_GRAD || in->kind == GP_INSTR_RECV_SKIP_GRAD;
+    int upto = 2 * in->k - (bwd_copy ? 0 : 1);
+    double f = 0;
+    for (int i = q->lo; i < q->hi; i++)
+        if (q->bytes[i] > 0 && q->lvl[i] <= upto) f += q->bytes[i], q->bytes[i] = 0;
+    while (q->lo < q->hi && q->bytes[q->lo] == 0) q->lo++;
+    while (q->hi > q->lo && q->bytes[q->hi - 1] == 0) q->hi--;
+    return f;
+}
+
 double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const int64_t *sizes,
                            int j, int first, int count)
 {
@@ -277,15 +397,8 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
     double ck_keep = 0; /* what a checkpointed forward keeps of `keep` (and beyond it) */
     for (int k = first; k <= last; k++) {
         if ((double)mm[k].workspace_bytes > ws) ws = (double)mm[k].workspace_bytes;
-        /* a stage's first layer runs out of place: its input is the stage's */
         stored_mem sk = stored(p, k);
-        double kk = sk.keep;
-        if (k == first && mm[k].inplace) kk += sk.out;
-        if (k == last) { /* the stage output is kept: the memory of the layer that made it */
-            int o = k; /* through the in-place layers over it (the whole model's flags) */
-            while (o > first && mm[o].inplace) o--;
-            if (mm[o].unkept) kk += stored(p, o).out;
-        }
+        double kk = kept_bytes(p, first, last, k);
         keep += kk;
         if (kept_at(p, first, last, k)) {
             ck_keep += kk;
@@ -357,6 +470,12 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
      * micro-batch's input over its plan (a run the start-up check let
      * through ran out of memory in its first step). */
     bool uploaded[GP_MAX_CHUNKS + 1] = {0};
+    /* the last stage: micro-batch i's targets, uploaded by its forward (or
+     * by the one before), and i + 1's too, during i's loss (await_upload);
+     * i's freed after its loss.  Until 2026-12-01 not counted: a 2-stage
+     * U-Net's stage 1 under 1F1B held two masks of targets over its plan */
+    bool labeled[GP_MAX_CHUNKS + 1] = {0};
+    double lab = j == n - 1 ? p->target_bytes : 0;
     bool whole_next = false; /* the weights half next ran with its data half */
     double grads = 0;
     for (int k = first; k < last; k++)
@@ -378,8 +497,27 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
     /* fwd_hold[q] is freed when q + 1 more forwards have run, bwd_hold[q]
      * when q + 1 more backwards have made their input gradients */
     double fwd_hold[SIM_HOLD] = {0}, bwd_hold[SIM_HOLD] = {0};
+    /* the output and input gradient each micro-batch's neighbour copies,
+     * held until lockstep frees them (sent_free).  Until 2026-12-01 an
+     * output went at this stage's next computation and a gradient at its
+     * next backward, as free-running copies mostly were: where the reader
+     * copies late in its list (the V schedules' devices hold two stages),
+     * lockstep holds them longer, and v-half's device 0 on test_balance's
+     * 4-device U-Net measured 8.04 MiB for a plan of 7.48 (0.93x) */
+    int lvl_act[GP_MAX_CHUNKS], lvl_grad[GP_MAX_CHUNKS];
+    double act_b[GP_MAX_CHUNKS], grad_b[GP_MAX_CHUNKS];
+    for (int i = 0; i < sched->m && i < GP_MAX_CHUNKS; i++) act_b[i] = grad_b[i] = 0;
+    sent_levels(sched, j, lvl_act, lvl_grad);
+    sent_held act_q = {lvl_act, act_b, 0, 0}, grad_q = {lvl_grad, grad_b, 0, 0};
+    /* a backward's rise over its start (after a forward that kept all, or
+     * checkpointed), a data half's: once a stage, not once a micro-batch */
+    double rise_kept = fmax(in_max, bwd_rise(p, j, first, last, false, end_free + in_free));
+    double rise_ck = fmax(in_max, bwd_rise(p, j, first, last, false, 0));
+    double rise_half = fmax(in_max, bwd_rise(p, j, first, last, true, 0));
     for (int c = 0; c < sched->count[d]; c++) {
         const gp_instr *in_ = &sched->list[d][c];
+        if (gp_instr_per_micro_batch(in_->kind))
+            cur -= sent_free(&act_q, in_) + sent_free(&grad_q, in_);
         if (in_->j != j && gp_instr_per_micro_batch(in_->kind)) {
             if (level) level[c] = cur; /* another stage's: this one's bytes stay */
             continue;
@@ -411,6 +549,8 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
             }
             /* widened; a forward that keeps frees the packed form first */
             else if (pk) cur += (in_->checkpointed ? 1 : 1 - h) * in * s;
+            if (lab > 0 && in_->i >= 0 && in_->i < GP_MAX_CHUNKS && !labeled[in_->i])
+                cur += lab * s, labeled[in_->i] = true;
             t = cur + ck_max * s;
             if (in_->checkpointed) {
                 /* the output waits for the next stage's copy (packed: h of
@@ -435,7 +575,14 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
                 }
             }
             if (in_->i >= 0 && in_->i < GP_MAX_CHUNKS) fwd_ck[in_->i] = in_->checkpointed;
+            if (lab > 0 && in_->i >= 0 && in_->i + 1 < sched->m && in_->i + 1 < GP_MAX_CHUNKS &&
+                !labeled[in_->i + 1]) {
+                cur += lab * (double)sizes[in_->i + 1];
+                labeled[in_->i + 1] = true;
+                t = fmax(t, cur); /* the loss, both micro-batches' targets there */
+            }
             if (j == n - 1 && in_->checkpointed) t = fmax(t, cur);
+            cur -= lab * s;
             break;
         case GP_INSTR_RECOMPUTE:
             cur += (keep - ck_keep) * s;
@@ -443,7 +590,7 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
             break;
         case GP_INSTR_BACKWARD:
             if (pk && j < n - 1) cur += (1 - h) * out * s; /* the gradient widened */
-            t = cur + in_max * s; /* dx of a layer while its dy is alive */
+            t = cur + (kept_all ? rise_kept : rise_ck) * s;
             cur -= (keep + in + out - early) * s;
             if (j > 0) {
                 cur += h * in * s; /* dL/d input waits for the previous stage's copy */
@@ -453,7 +600,7 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
         case GP_INSTR_BACKWARD_DATA:
             if (pk && j < n - 1) cur += (1 - h) * out * s;
             /* every layer's incoming gradient stays for the weights half */
-            t = cur + in_max * s;
+            t = cur + rise_half * s;
             cur += grads * s;
             if (j > 0) {
                 cur += h * in * s;
@@ -478,7 +625,11 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
                 keep_pending = end_free * s; /* until the next stage's copy */
             }
             cur -= pending - keep_pending - far;
-            pending = keep_pending;
+            pending = 0;
+            int i = in_->i;
+            bool mb = i >= 0 && i < sched->m && i < GP_MAX_CHUNKS;
+            if (keep_pending > 0 && mb && lvl_act[i] >= 0) sent_hold(&act_q, i, keep_pending);
+            else cur -= keep_pending; /* (no copy reads it) */
             if (in_->kind == GP_INSTR_FORWARD) {
                 cur -= hold_tick(fwd_hold);
                 if (far > 0)
@@ -486,7 +637,8 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
             }
             if (gp_instr_gives_grad(in_->kind) && j > 0) {
                 cur -= hold_tick(bwd_hold);
-                bwd_hold[0] += h * (in - far_in_sum) * s;
+                if (mb && lvl_grad[i] >= 0) sent_hold(&grad_q, i, h * (in - far_in_sum) * s);
+                else bwd_hold[0] += h * (in - far_in_sum) * s;
                 for (int q = 2; q < SIM_HOLD; q++) bwd_hold[q - 1] += h * far_in[q] * s;
             }
         }
