@@ -1282,7 +1282,8 @@ static gp_status eval_stage(eval_run *e, int j, int first, const gp_fwd_ctx *ctx
     if (s != GP_OK) return s;
     gp_stash st;
     s = gp_stash_init(&st, m->balance[j], &m->skips, first);
-    if (s == GP_OK) s = eval_skips_arrive(e, &st, j, n);
+    if (s != GP_OK) return s; /* (*cur stays the caller's to free: a failed stash holds none) */
+    s = eval_skips_arrive(e, &st, j, n);
     /* a stage boundary: the activation moved to the next device */
     if (s == GP_OK) s = gp_tensor_move(cur, m->devs[j]);
     st.in = *cur;
