@@ -28,7 +28,9 @@
  * that takes longer than its alarm is a hang.  The output ends with the
  * sites reached and failed, and names every problem by its address
  * (addr2line turns it into file:line when installed).
- * GPIPE_ALLOC_FAIL_STRIDE=N (default 1) injects at every N-th point only.
+ * GPIPE_ALLOC_FAIL_STRIDE=N (default 1) injects at every N-th point only;
+ * GPIPE_ALLOC_FAIL_ALL=1 fails every call of every site instead, one per
+ * child (thousands of children: a search for new code's defects, not CI's).
  */
 /* MAP_ANONYMOUS (not in POSIX 2008) */
 #define _DEFAULT_SOURCE
@@ -68,7 +70,7 @@ void *__wrap_aligned_alloc(size_t align, size_t n);
  * otherwise). */
 int __lsan_do_recoverable_leak_check(void) __attribute__((weak));
 
-enum { MAX_SITES = 4096 };
+enum { MAX_SITES = 4096, MAX_POINTS = 65536 };
 
 typedef struct site {
     uintptr_t ra;  /* return address into gpipe's code; 0: free slot */
@@ -437,7 +439,9 @@ int main(void)
         printf("test_alloc_fail: %d passed, %d failed\n", gpt_passed, gpt_failed);
         return 1;
     }
-    static point pts[3 * MAX_SITES];
+    /* GPIPE_ALLOC_FAIL_ALL=1: every call of every site (a search, minutes) */
+    bool all = getenv("GPIPE_ALLOC_FAIL_ALL") && !strcmp(getenv("GPIPE_ALLOC_FAIL_ALL"), "1");
+    static point pts[MAX_POINTS];
     int n_pts = 0, n_sites = 0;
     long total = 0;
     static point sites[MAX_SITES];
@@ -449,7 +453,11 @@ int main(void)
     for (int i = 0; i < n_sites; i++) {
         point p = sites[i];
         total += p.calls;
+        if (n_pts + 3 > MAX_POINTS) break; /* (GPIPE_ALLOC_FAIL_ALL's search only) */
         pts[n_pts++] = p;
+        for (long k = 2; all && k <= p.calls && n_pts < MAX_POINTS; k++)
+            pts[n_pts++] = (point){p.ra, k, p.calls, p.threaded};
+        if (all) continue;
         if (p.calls >= 4 && p.threaded) pts[n_pts++] = (point){p.ra, p.calls / 2, p.calls, 1};
         if (p.calls >= 2) pts[n_pts++] = (point){p.ra, p.calls, p.calls, p.threaded};
     }
