@@ -17,7 +17,8 @@
  * export safetensors, summary; a second run from the export
  * (model.init_from) restores the snapshot, steps, then trains through
  * gp_run_train_ex with metrics, a trace, snapshots and an export, and again
- * resuming the latest snapshot.
+ * resuming the latest snapshot; a fresh gp_run_train_ex into the folder
+ * of those snapshots must then be refused.
  *
  * One child process counts the allocations of a clean run, per call site.
  * Then one child per injection point runs the scenario failing one call:
@@ -29,8 +30,11 @@
  * sites reached and failed, and names every problem by its address
  * (addr2line turns it into file:line when installed).
  * GPIPE_ALLOC_FAIL_STRIDE=N (default 1) injects at every N-th point only;
- * GPIPE_ALLOC_FAIL_ALL=1 fails every call of every site instead, one per
- * child (thousands of children: a search for new code's defects, not CI's).
+ * GPIPE_ALLOC_FAIL_ALL=1 fails every call of every site instead (64 spread
+ * over a site's calls where it makes more), one per child (thousands of
+ * children: a search for new code's defects, not CI's);
+ * GPIPE_ALLOC_FAIL_AT=+0x1234[:K] only the site a report names (its offset
+ * in brackets) at its K-th call (all its points without :K): a reproducer.
  */
 /* MAP_ANONYMOUS (not in POSIX 2008) */
 #define _DEFAULT_SOURCE
@@ -86,6 +90,7 @@ typedef struct shared {
     int overflow;
     int hit;          /* the injection failed a call ... */
     char hit_in[64];  /* ... during this API call */
+    int wrong;        /* a call that must fail succeeded */
     char stage[64];   /* the API call that returned the error */
     char msg[512];    /* ... and its message */
 } shared;
@@ -212,6 +217,25 @@ enum { N = 8, PIX = 64 };
         }                                                                               \
     } while (0)
 
+/* A call that must fail with `code`: another error is the injected one's
+ * (as STEP's); success sets g_sh->wrong. */
+#define STEP_REFUSED(name, expr, code)                                                  \
+    do {                                                                                \
+        atomic_store(&g_call, name);                                                    \
+        atomic_store(&g_armed, 1);                                                      \
+        gp_status st_ = (expr);                                                         \
+        atomic_store(&g_armed, 0);                                                      \
+        if (st_ != (code)) {                                                            \
+            snprintf(g_sh->stage, sizeof g_sh->stage, "%s (%s)", name,                  \
+                     gp_status_name(st_));                                              \
+            snprintf(g_sh->msg, sizeof g_sh->msg, "%s",                                 \
+                     st_ == GP_OK ? "succeeded, where it must be refused" : gp_last_error()); \
+            g_sh->wrong = st_ == GP_OK;                                                 \
+            s = st_ == GP_OK ? GP_ERR_INVALID : st_;                                    \
+            goto out;                                                                   \
+        }                                                                               \
+    } while (0)
+
 /* The scenario in `dir`: GP_OK, or the first error (g_sh->stage, msg). */
 static gp_status scenario(const char *dir)
 {
@@ -265,6 +289,12 @@ static gp_status scenario(const char *dir)
     r.resume = "latest";
     r.quiet = 1;
     STEP("gp_run_train_ex (resume)", gp_run_train_ex(b, &r, NULL));
+    /* a fresh run into the folder of those snapshots is refused (its
+     * pruning would delete them) */
+    gp_train_options fresh = GP_TRAIN_OPTIONS_INIT;
+    fresh.quiet = 1;
+    STEP_REFUSED("gp_run_train_ex (fresh, same folder)", gp_run_train_ex(b, &fresh, NULL),
+                 GP_ERR_INVALID);
 out:
     gp_run_free(a);
     gp_run_free(b);
@@ -282,6 +312,7 @@ enum {
     CHILD_RERUN = 24,    /* a clean run afterwards, in the same process, failed */
     CHILD_LEAK = 25,     /* LeakSanitizer found a leak */
     CHILD_COUNT_FAILED = 26,
+    CHILD_WRONG = 27,    /* a call that must be refused succeeded */
 };
 
 static bool names_memory(const char *m)
@@ -313,7 +344,9 @@ static int child(uintptr_t target, long k, const char *dir)
     if (mkdir(d1, 0700) || mkdir(d2, 0700)) return CHILD_COUNT_FAILED;
     gp_status s = scenario(d1);
     int code = CHILD_OK;
-    if (target == 0) {
+    if (g_sh->wrong) {
+        code = CHILD_WRONG;
+    } else if (target == 0) {
         if (s != GP_OK) {
             fprintf(stderr, "clean run: %s: %s\n", g_sh->stage, g_sh->msg);
             return CHILD_COUNT_FAILED;
@@ -439,7 +472,8 @@ int main(void)
         printf("test_alloc_fail: %d passed, %d failed\n", gpt_passed, gpt_failed);
         return 1;
     }
-    /* GPIPE_ALLOC_FAIL_ALL=1: every call of every site (a search, minutes) */
+    /* GPIPE_ALLOC_FAIL_ALL=1: every call of every site, 64 spread over its
+     * calls where it makes more (a search: many minutes) */
     bool all = getenv("GPIPE_ALLOC_FAIL_ALL") && !strcmp(getenv("GPIPE_ALLOC_FAIL_ALL"), "1");
     static point pts[MAX_POINTS];
     int n_pts = 0, n_sites = 0;
@@ -453,10 +487,11 @@ int main(void)
     for (int i = 0; i < n_sites; i++) {
         point p = sites[i];
         total += p.calls;
-        if (n_pts + 3 > MAX_POINTS) break; /* (GPIPE_ALLOC_FAIL_ALL's search only) */
+        if (n_pts + 64 > MAX_POINTS) break; /* (GPIPE_ALLOC_FAIL_ALL's search only) */
         pts[n_pts++] = p;
-        for (long k = 2; all && k <= p.calls && n_pts < MAX_POINTS; k++)
-            pts[n_pts++] = (point){p.ra, k, p.calls, p.threaded};
+        for (long q = 2, most = p.calls < 64 ? p.calls : 64; all && q <= most; q++)
+            pts[n_pts++] = (point){p.ra, 1 + (q - 1) * (p.calls - 1) / (most - 1), p.calls,
+                                   p.threaded};
         if (all) continue;
         if (p.calls >= 4 && p.threaded) pts[n_pts++] = (point){p.ra, p.calls / 2, p.calls, 1};
         if (p.calls >= 2) pts[n_pts++] = (point){p.ra, p.calls, p.calls, p.threaded};
@@ -467,8 +502,15 @@ int main(void)
 
     int n_err = 0, n_absorbed = 0, n_not_hit = 0, n_bad = 0;
     static bool failed_site[MAX_SITES];
+    /* GPIPE_ALLOC_FAIL_AT=+0xOFFSET[:K]: that site's points only (a
+     * reproducer: the offset a report printed, in brackets) */
+    const char *at = getenv("GPIPE_ALLOC_FAIL_AT");
+    unsigned long at_off = 0;
+    long at_k = 0;
+    if (at && sscanf(at, "+%lx:%ld", &at_off, &at_k) < 1) at = NULL;
     for (int i = 0; i < n_pts; i += stride) {
         point p = pts[i];
+        if (at && (p.ra - g_base != at_off || (at_k > 0 && p.k != at_k))) continue;
         c = run_child(p.ra, p.k, alarm_s);
         char w[700];
         int si = 0;
@@ -485,6 +527,7 @@ int main(void)
         default: {
             n_bad++;
             const char *what = c == CHILD_BAD_MSG ? "error without a message naming memory"
+                             : c == CHILD_WRONG ? "a call that must be refused succeeded"
                              : c == CHILD_RERUN ? "a clean run afterwards failed"
                              : c == CHILD_LEAK ? "leak"
                              : c == 128 + SIGALRM ? "hang"
