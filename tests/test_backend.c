@@ -3193,6 +3193,84 @@ out:
     free(x), free(y), free(back);
 }
 
+/* The missing-wait checker of GPIPE_CPU_STREAMS=threads (cpu_streams.c,
+ * "Allocation epochs"): a copy that reads a buffer allocated after the
+ * event it waits on was recorded on the source's compute stream fails
+ * (nothing wrote the buffer before that event, so on a GPU the copy could
+ * read it unwritten), naming both devices; behind an event recorded after
+ * the allocation it copies.  A block from the allocator's cache is a new
+ * buffer too; `after` NULL, or last recorded by a copy stream, is not
+ * checked. */
+static void test_copy_checker(void)
+{
+    setenv("GPIPE_CPU_STREAMS", "threads", 1);
+    gp_device *d[2] = {NULL, NULL};
+    gp_device_opts o = {.threads = 1};
+    CHECK_OK(gp_device_open("cpu:11", &o, &d[0]));
+    CHECK_OK(gp_device_open("cpu:12", &o, &d[1]));
+    unsetenv("GPIPE_CPU_STREAMS");
+    enum { N = 500 };
+    size_t bytes = N * sizeof(float);
+    void *e = NULL, *e2 = NULL, *got = NULL, *b = NULL, *c = NULL, *dst = NULL;
+    if (!d[0] || !d[1]) goto out;
+    CHECK_OK(gp_dev_event_create(d[0], &e));
+    CHECK_OK(gp_dev_event_create(d[0], &e2));
+    CHECK_OK(gp_dev_event_create(d[1], &got));
+    CHECK_OK(gp_dev_alloc(d[1], bytes, GP_MEM_COPIES, &dst));
+    if (!e || !e2 || !got || !dst) goto out;
+    /* record E, allocate B, copy B behind E: missing wait */
+    CHECK_OK(gp_dev_event_record(d[0], e));
+    CHECK_OK(gp_dev_alloc(d[0], bytes, GP_MEM_ACTIVATIONS, &b));
+    if (!b) goto out;
+    memset(b, 0, bytes);
+    gp_status st = gp_dev_copy_async(d[1], dst, d[0], (char *)b + 64, 256, e, got);
+    CHECK(st == GP_ERR_RUNTIME);
+    CHECK_MSG(strstr(gp_last_error(), "from cpu:11 to cpu:12") &&
+              strstr(gp_last_error(), "allocated") && strstr(gp_last_error(), "byte 64"),
+              "%s", gp_last_error());
+    gp_error_clear();
+    /* and a channel-less copy on the same device alike */
+    CHECK(gp_dev_copy_async(d[0], b, d[0], b, bytes, e, NULL) == GP_ERR_RUNTIME);
+    gp_error_clear();
+    /* allocate B, record E, copy: fine (B's start and a byte inside it) */
+    CHECK_OK(gp_dev_event_record(d[0], e));
+    CHECK_OK(gp_dev_copy_async(d[1], dst, d[0], b, bytes, e, got));
+    CHECK_OK(gp_dev_copy_async(d[1], dst, d[0], (char *)b + 4, 4, e, got));
+    /* an event never recorded waits for nothing, on a GPU too: unchecked */
+    CHECK_OK(gp_dev_copy_async(d[1], dst, d[0], b, bytes, e2, got));
+    CHECK_OK(gp_dev_event_sync(d[1], got));
+    gp_dev_free(d[0], b, bytes, GP_MEM_ACTIVATIONS);
+    CHECK_OK(gp_dev_event_record(d[0], e2));
+    /* the same block back from the cache after E2: a new buffer */
+    CHECK_OK(gp_dev_alloc(d[0], bytes, GP_MEM_ACTIVATIONS, &c));
+    CHECK(c == b);
+    b = NULL;
+    if (!c) goto out;
+    CHECK(gp_dev_copy_async(d[1], dst, d[0], c, bytes, e2, got) == GP_ERR_RUNTIME);
+    gp_error_clear();
+    CHECK(gp_dev_copy_async(d[1], dst, d[0], c, bytes, e, got) == GP_ERR_RUNTIME);
+    gp_error_clear();
+    /* not checked: no event, and an event a copy stream recorded last */
+    CHECK_OK(gp_dev_copy_async(d[1], dst, d[0], c, bytes, NULL, got));
+    CHECK_OK(gp_dev_copy_async(d[0], c, d[1], dst, bytes, got, e2));
+    CHECK_OK(gp_dev_copy_async(d[1], dst, d[0], c, bytes, e2, got));
+    CHECK_OK(gp_dev_synchronize(d[0]));
+    CHECK_OK(gp_dev_synchronize(d[1]));
+out:
+    if (d[0]) {
+        gp_dev_free(d[0], b, bytes, GP_MEM_ACTIVATIONS);
+        gp_dev_free(d[0], c, bytes, GP_MEM_ACTIVATIONS);
+        gp_dev_event_destroy(d[0], e);
+        gp_dev_event_destroy(d[0], e2);
+    }
+    if (d[1]) {
+        gp_dev_free(d[1], dst, bytes, GP_MEM_COPIES);
+        gp_dev_event_destroy(d[1], got);
+    }
+    gp_device_close(d[0]);
+    gp_device_close(d[1]);
+}
+
 /* Device-time markers (backend.h, mark) on the CPU's two modes.  On the
  * compute stream (the caller) and in the synchronous mode, a marker's time
  * is that of the call.  With GPIPE_CPU_STREAMS=threads a marker on the
@@ -3884,6 +3962,7 @@ int main(void)
         test_copies(dev, blk);
     }
     test_copy_async(dev);
+    test_copy_checker();
     test_copy_to_host(dev);
     test_bf16();
     test_bf16_convert(dev);

@@ -100,6 +100,7 @@ static gp_status cpu_alloc(gp_device *dev, size_t bytes, gp_mem_category cat, vo
         *out = bin->free[--bin->n];
         ctx->cached_bytes -= r;
         pthread_mutex_unlock(&ctx->bins_lock);
+        gp_cpu_streams_allocated(dev, *out, bytes); /* a new buffer to the checker */
         return GP_OK;
     }
     pthread_mutex_unlock(&ctx->bins_lock);
@@ -110,13 +111,15 @@ static gp_status cpu_alloc(gp_device *dev, size_t bytes, gp_mem_category cat, vo
                             dev->name, gp_format_bytes(bytes, b, sizeof b));
     }
     *out = (char *)p + shift;
+    gp_cpu_streams_allocated(dev, *out, bytes);
     return GP_OK;
 }
 
 static void cpu_free(gp_device *dev, void *ptr, size_t bytes)
 {
     gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
-    gp_cpu_streams_before_free(dev, ptr, bytes); /* a queued copy may still use it */
+    /* a queued copy may still use it; and the checker forgets it */
+    gp_cpu_streams_before_free(dev, ptr, bytes);
     size_t r = cpu_round(bytes ? bytes : 1), start = cpu_start(ptr);
     pthread_mutex_lock(&ctx->bins_lock);
     cpu_bin *bin = cpu_find_bin(ctx, r + start);
@@ -214,6 +217,7 @@ static void cpu_destroy(gp_device *dev)
         gp_cpu_cache_destroy(ctx);
         gp_dev_free(dev, ctx->arena, ctx->arena_bytes, GP_MEM_WORKSPACE);
         cpu_release_cache(ctx);
+        free(ctx->blocks);
         pthread_mutex_destroy(&ctx->bins_lock);
         if (ctx->stream) dnnl_stream_destroy(ctx->stream);
         if (ctx->engine) dnnl_engine_destroy(ctx->engine);

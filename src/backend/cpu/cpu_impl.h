@@ -348,6 +348,13 @@ typedef struct gp_cpu_ctx {
     /* Device-time markers since the last mark_reset (cpu_streams.c),
      * newest first; taken on the device's worker, read between steps. */
     struct cpu_mark *marks;
+    /* The missing-wait checker (cpu_streams.c, "Allocation epochs"), under
+     * cpu_streams.c's lock: epoch counts the events recorded on the compute
+     * stream; blocks[n_blocks] are the live blocks from cpu_alloc, sorted by
+     * address, each with the epoch of its allocation. */
+    uint64_t epoch;
+    struct cpu_block *blocks;
+    int n_blocks, cap_blocks;
 } gp_cpu_ctx;
 
 static inline gp_cpu_ctx *gp_cpu_ctx_of(gp_device *dev) { return (gp_cpu_ctx *)dev->ctx; }
@@ -361,8 +368,12 @@ bool gp_cpu_streams_from_env(long *delay_us);
 gp_status gp_cpu_streams_start(gp_device *dev);
 /* Runs what is queued, then ends the thread. */
 void gp_cpu_streams_stop(gp_device *dev);
-/* Returns once no unfinished copy reads or writes [ptr, ptr + bytes). */
+/* Returns once no unfinished copy reads or writes [ptr, ptr + bytes), and
+ * forgets the block's allocation epoch. */
 void gp_cpu_streams_before_free(gp_device *dev, const void *ptr, size_t bytes);
+/* A block of cpu_alloc's (fresh or from its cache) stamped with the device's
+ * epoch now, for the checker (no-op unless GPIPE_CPU_STREAMS=threads). */
+void gp_cpu_streams_allocated(gp_device *dev, const void *ptr, size_t bytes);
 gp_status gp_cpu_synchronize(gp_device *dev);
 gp_status gp_cpu_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const void *src,
                             size_t bytes, void *after, void *done);

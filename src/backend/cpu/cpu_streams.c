@@ -43,6 +43,19 @@
 struct cpu_event {
     uint64_t recorded;  /* records so far */
     uint64_t completed; /* the highest record that has completed */
+    /* The last record, for the checker ("Allocation epochs"): the device
+     * whose compute stream made it and that device's epoch then; NULL when
+     * it was a copy stream's or a channel's (`done`), which it leaves
+     * unchecked. */
+    gp_device *rec_dev;
+    uint64_t rec_epoch;
+};
+
+/* A live block of cpu_alloc's and its device's epoch when it was handed
+ * out (gp_cpu_ctx.blocks). */
+struct cpu_block {
+    uintptr_t lo, hi; /* [lo, hi) */
+    uint64_t epoch;
 };
 
 /* A device-time marker: t is gp_now() when its stream reached it; taken
@@ -113,16 +126,121 @@ static void append_locked(copy_item *it)
     pthread_cond_broadcast(&g_cond);
 }
 
-/* A copy of item t queued on its stream: `after` waited for as recorded
- * now, `done` recorded once more (CUDA's semantics, the file's head). */
-static gp_status enqueue(const copy_item *t, const char *what)
+/* ---- allocation epochs: the missing-wait checker --------------------------
+ *
+ * The compute stream is the caller, so an event is complete when recorded
+ * and a copy behind the WRONG compute event (an older one) still reads
+ * what it should here, where on a GPU it would read a tensor the compute
+ * stream has not finished writing.  What this mode can still see: each
+ * device counts the events recorded on its compute stream (its epoch),
+ * each event keeps the epoch of its last record, and each block cpu_alloc
+ * hands out keeps the epoch at which it was handed out (fresh or from the
+ * cache).  Nothing writes a block before it exists, so a block handed out
+ * after event E was recorded is written after E: a copy or a channel's
+ * send that reads it behind E (E recorded on the source's device) waits
+ * for nothing that wrote it, and fails, naming the devices and the bytes.
+ *
+ * Not checked: `after` NULL (the caller ordered the source by a host wait:
+ * tie.c synchronizes the source's device first, an upload reads host
+ * memory, which this mode cannot tell apart from a device's); `after`
+ * recorded last by a copy stream or on another device's compute stream
+ * (ordered through other events, which epochs do not follow); and a block
+ * handed out before E but written again after it (an in-place update, an
+ * accumulation), which a wait on E misses on a GPU and passes here. */
+
+/* The index of the first block of ctx whose end is past p (g_lock held). */
+static int block_at(const gp_cpu_ctx *ctx, uintptr_t p)
+{
+    int lo = 0, hi = ctx->n_blocks;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (ctx->blocks[mid].hi <= p) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+void gp_cpu_streams_allocated(gp_device *dev, const void *ptr, size_t bytes)
+{
+    gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    if (!ctx->streams || !ptr) return;
+    uintptr_t lo = (uintptr_t)ptr, hi = lo + (bytes ? bytes : 1);
+    pthread_mutex_lock(&g_lock);
+    if (ctx->n_blocks == ctx->cap_blocks) {
+        int cap = ctx->cap_blocks ? 2 * ctx->cap_blocks : 256;
+        struct cpu_block *nb = realloc(ctx->blocks, (size_t)cap * sizeof *nb);
+        if (nb) {
+            ctx->blocks = nb;
+            ctx->cap_blocks = cap;
+        }
+    }
+    if (ctx->n_blocks < ctx->cap_blocks) { /* (out of host memory: this block unchecked) */
+        int k = block_at(ctx, lo);
+        GP_ASSERT(k == ctx->n_blocks || ctx->blocks[k].lo >= hi); /* live blocks are apart */
+        memmove(&ctx->blocks[k + 1], &ctx->blocks[k],
+                (size_t)(ctx->n_blocks - k) * sizeof *ctx->blocks);
+        ctx->blocks[k] = (struct cpu_block){lo, hi, ctx->epoch};
+        ctx->n_blocks++;
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* The block [ptr, ...) forgotten (g_lock held). */
+static void block_forget(gp_cpu_ctx *ctx, const void *ptr)
+{
+    int k = block_at(ctx, (uintptr_t)ptr);
+    if (k == ctx->n_blocks || ctx->blocks[k].lo != (uintptr_t)ptr) return;
+    memmove(&ctx->blocks[k], &ctx->blocks[k + 1],
+            (size_t)(ctx->n_blocks - k - 1) * sizeof *ctx->blocks);
+    ctx->n_blocks--;
+}
+
+/* GP_OK, or the error of a copy or send from src (on t->dev's src_dev)
+ * behind an event recorded before src's block was handed out (g_lock
+ * held). */
+static gp_status check_wait(const copy_item *t, gp_device *src_dev, const char *what)
+{
+    const cpu_event *e = t->after;
+    if (!e || !e->recorded || e->rec_dev != src_dev || !t->src || !t->bytes) return GP_OK;
+    const gp_cpu_ctx *ctx = gp_cpu_ctx_of(src_dev);
+    uintptr_t p = (uintptr_t)t->src;
+    int k = block_at(ctx, p);
+    if (k == ctx->n_blocks || ctx->blocks[k].lo > p || ctx->blocks[k].epoch < e->rec_epoch)
+        return GP_OK;
+    char b[32];
+    return gp_error_set(GP_ERR_RUNTIME,
+                        "internal error: a %s from %s%s%s of %s waits on an event recorded on "
+                        "%s's compute stream before the buffer it reads was allocated (event "
+                        "at epoch %llu, buffer at %llu, byte %zu of it): on a GPU it could read "
+                        "the buffer before it is written; the copy must wait on the event "
+                        "recorded after its producer (GPIPE_CPU_STREAMS checker)",
+                        what, src_dev->name, t->chan ? "" : " to ", t->chan ? "" : t->dev->name,
+                        gp_format_bytes(t->bytes, b, sizeof b), src_dev->name,
+                        (unsigned long long)e->rec_epoch,
+                        (unsigned long long)ctx->blocks[k].epoch,
+                        (size_t)(p - ctx->blocks[k].lo));
+}
+
+/* A copy of item t (reading src_dev's memory) queued on its stream:
+ * `after` waited for as recorded now, `done` recorded once more (CUDA's
+ * semantics, the file's head), unless the checker finds the wait missing. */
+static gp_status enqueue(const copy_item *t, gp_device *src_dev, const char *what)
 {
     copy_item *it = calloc(1, sizeof *it);
     if (!it) return gp_error_set(GP_ERR_OOM, "out of host memory queueing a %s", what);
     *it = *t;
     pthread_mutex_lock(&g_lock);
+    gp_status st = check_wait(it, src_dev, what);
+    if (st != GP_OK) {
+        pthread_mutex_unlock(&g_lock);
+        free(it);
+        return st;
+    }
     if (it->after) it->after_target = it->after->recorded;
-    if (it->done) it->done_target = ++it->done->recorded;
+    if (it->done) {
+        it->done_target = ++it->done->recorded;
+        it->done->rec_dev = NULL; /* a copy stream's record: unchecked */
+    }
     append_locked(it);
     pthread_mutex_unlock(&g_lock);
     return GP_OK;
@@ -285,8 +403,12 @@ static bool records(const copy_item *it, const void *ev)
 
 void gp_cpu_streams_before_free(gp_device *dev, const void *ptr, size_t bytes)
 {
-    if (!gp_cpu_ctx_of(dev)->streams) return;
+    gp_cpu_ctx *ctx = gp_cpu_ctx_of(dev);
+    if (!ctx->streams) return;
     wait_unused(touches, &(mem_range){ptr, bytes});
+    pthread_mutex_lock(&g_lock);
+    block_forget(ctx, ptr);
+    pthread_mutex_unlock(&g_lock);
 }
 
 gp_status gp_cpu_synchronize(gp_device *dev)
@@ -316,7 +438,7 @@ gp_status gp_cpu_copy_async(gp_device *dev, void *dst, gp_device *src_dev, const
     }
     return enqueue(&(copy_item){.dev = dev, .stream = dev, .dst = dst, .src = src,
                                 .bytes = bytes, .after = after, .done = done},
-                   "copy");
+                   src_dev, "copy");
 }
 
 gp_status gp_cpu_upload_async(gp_device *dev, void *dst, const void *src, size_t bytes,
@@ -350,11 +472,12 @@ void gp_cpu_event_destroy(gp_device *dev, void *ev)
 /* On the compute stream, the caller's thread: complete when recorded. */
 gp_status gp_cpu_event_record(gp_device *dev, void *ev)
 {
-    (void)dev;
     if (!ev) return GP_OK;
     cpu_event *e = ev;
     pthread_mutex_lock(&g_lock);
     e->completed = ++e->recorded;
+    e->rec_dev = dev;
+    e->rec_epoch = ++gp_cpu_ctx_of(dev)->epoch;
     pthread_cond_broadcast(&g_cond);
     pthread_mutex_unlock(&g_lock);
     return GP_OK;
@@ -490,7 +613,7 @@ static gp_status chan_enqueue(gp_device *dev, cpu_chan *ch, const float *src, fl
     return enqueue(&(copy_item){.dev = dev, .stream = ch, .chan = ch, .dst = dst, .src = src,
                                 .bytes = (size_t)(n > 0 ? n : 0) * sizeof(float),
                                 .after = after, .done = done},
-                   "transfer");
+                   dev, src ? "send" : "receive");
 }
 
 gp_status gp_cpu_chan_send(gp_device *dev, void *ch, const float *buf, int64_t n, void *after,
