@@ -3226,7 +3226,7 @@ static void test_copy_checker(void)
     gp_status st = gp_dev_copy_async(d[1], dst, d[0], (char *)b + 64, 256, e, got);
     CHECK(st == GP_ERR_RUNTIME);
     CHECK_MSG(strstr(gp_last_error(), "from cpu:11 to cpu:12") &&
-              strstr(gp_last_error(), "allocated") && strstr(gp_last_error(), "byte 64"),
+              strstr(gp_last_error(), "allocated after") && strstr(gp_last_error(), "byte 64 "),
               "%s", gp_last_error());
     gp_error_clear();
     /* and a channel-less copy on the same device alike */

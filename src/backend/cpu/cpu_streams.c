@@ -209,16 +209,16 @@ static gp_status check_wait(const copy_item *t, gp_device *src_dev, const char *
         return GP_OK;
     char b[32];
     return gp_error_set(GP_ERR_RUNTIME,
-                        "internal error: a %s from %s%s%s of %s waits on an event recorded on "
-                        "%s's compute stream before the buffer it reads was allocated (event "
-                        "at epoch %llu, buffer at %llu, byte %zu of it): on a GPU it could read "
-                        "the buffer before it is written; the copy must wait on the event "
-                        "recorded after its producer (GPIPE_CPU_STREAMS checker)",
+                        "internal error: a %s from %s%s%s reads %s from byte %zu of a buffer "
+                        "allocated after the event it waits on was recorded (record %llu of "
+                        "%s's compute stream; the buffer came after record %llu): on a GPU it "
+                        "could read the buffer before it is written; it must wait on the event "
+                        "recorded after its producer (GPIPE_CPU_STREAMS's checker, "
+                        "cpu_streams.c)",
                         what, src_dev->name, t->chan ? "" : " to ", t->chan ? "" : t->dev->name,
-                        gp_format_bytes(t->bytes, b, sizeof b), src_dev->name,
-                        (unsigned long long)e->rec_epoch,
-                        (unsigned long long)ctx->blocks[k].epoch,
-                        (size_t)(p - ctx->blocks[k].lo));
+                        gp_format_bytes(t->bytes, b, sizeof b), (size_t)(p - ctx->blocks[k].lo),
+                        (unsigned long long)e->rec_epoch, src_dev->name,
+                        (unsigned long long)ctx->blocks[k].epoch);
 }
 
 /* A copy of item t (reading src_dev's memory) queued on its stream:
