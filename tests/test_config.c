@@ -1643,6 +1643,13 @@ static void test_sizes(void)
     CHECK_OK(parse(cat(k_base, "pipeline:\n  memory: 64 k\n"), &c));
     CHECK(c.pipeline.memory == 65536);
     gp_config_free(&c);
+    /* units in either case, the trailing B too */
+    CHECK_OK(parse(cat(k_base, "pipeline:\n  memory: 3mib\n"), &c));
+    CHECK(c.pipeline.memory == (size_t)3 << 20);
+    gp_config_free(&c);
+    CHECK_OK(parse(cat(k_base, "pipeline:\n  memory: 100b\n"), &c));
+    CHECK(c.pipeline.memory == 100);
+    gp_config_free(&c);
     CHECK_OK(parse(k_base, &c));
     CHECK(c.pipeline.memory == 0 && strstr(c.defaults_applied, "pipeline.memory = unlimited"));
     gp_config_free(&c);
@@ -1666,6 +1673,13 @@ static void test_shadowed_override(void)
     CHECK_OK(parse_set(k_base, kept, 2, &c));
     CHECK_MSG(c.warnings && !c.warnings[0] && c.train.optim.lr == 0.003, "got \"%s\"",
               c.warnings);
+    gp_config_free(&c);
+    /* a key whose name begins with the later one's but is no key inside it
+     * (vocab_pad, vocab): nothing lost, no warning */
+    const char *prefix[] = {"model.gpt.vocab_pad=8", "model.gpt.vocab=12"};
+    CHECK_OK(parse_set("model:\n  input: [6]\n  gpt: {layers: 1, heads: 2, width: 16, "
+                       "positions: 6, vocab: 11}\n", prefix, 2, &c));
+    CHECK_MSG(c.warnings && !c.warnings[0], "got \"%s\"", c.warnings);
     gp_config_free(&c);
 }
 

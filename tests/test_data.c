@@ -139,6 +139,13 @@ static void test_idx_roundtrip(void)
         gp_dataset_free(&ds);
         CHECK(ds.images == NULL && ds.n == 0);
     }
+    /* labels 0, 1, 2, ...: each one past the count the labels before it
+     * give (label 2 after 0 and 1), the count grows with every one */
+    write_idx_labels(tpath("rt3-labels"), false, 0x801, 37, 3, -1, -1, 0);
+    gp_dataset ds3 = {0};
+    CHECK_OK(gp_idx_read_labels(tpath("rt3-labels"), &ds3));
+    CHECK(ds3.classes == 3 && ds3.n == 37 && ds3.labels && ds3.labels[35] == 2);
+    gp_dataset_free(&ds3);
     gp_dataset_free(NULL);
 }
 
@@ -941,6 +948,28 @@ static void test_loader_batches(void)
     o.start_batch = 5;
     CHECK_ERR(gp_loader_create(&ds, &cfg, &o, &ld), GP_ERR_INVALID, "resume position");
     CHECK(ld == NULL);
+
+    /* 20 = 4 x 5: four full batches an epoch with drop_last or without it,
+     * and no empty fifth one before epoch 1 */
+    CHECK(gp_loader_batches(20, 5, false) == 4 && gp_loader_batches(20, 5, true) == 4);
+    CHECK(gp_loader_batches(21, 5, false) == 5 && gp_loader_batches(21, 5, true) == 4);
+    gp_dataset ds20;
+    id_dataset(&ds20, 20, 4, 4, 3);
+    for (int dl = 0; dl < 2; dl++) {
+        o = lopts(5, false, 1);
+        o.drop_last = dl;
+        CHECK_OK(gp_loader_create(&ds20, &cfg, &o, &ld));
+        bool four = gp_loader_batches_per_epoch(ld) == 4, whole = four;
+        CHECK(four);
+        for (int k = 0; k < 8 && four; k++) { /* (an empty fifth would never fill) */
+            CHECK_OK(gp_loader_next(ld, &b));
+            whole = whole && b.n == 5 && b.index == k % 4 && b.epoch == k / 4 &&
+                    id_of(&b, 0, 16) == 5 * (k % 4);
+        }
+        CHECK_MSG(whole, "drop_last %d: 20 samples in batches of 5", dl);
+        gp_loader_destroy(ld);
+    }
+    gp_dataset_free(&ds20);
 
     /* One batch of everything, bigger than the set without drop_last. */
     o = lopts(100, false, 1);

@@ -132,6 +132,14 @@ static void test_uint32(void)
     b[1024 + 4 * 2 + 3] = 1;
     gpt_write_file(p, b, sizeof b);
     CHECK_ERR(gp_tokens_read(p, T, &ds), GP_ERR_DATA, "token 2 is id");
+    /* 2^24 itself is refused too: ids stay below it, and the classes they
+     * give (the largest id + 1) at most 2^24 */
+    uint8_t t2[4];
+    memcpy(t2, b + 1024 + 4 * 2, 4);
+    b[1024 + 4 * 2] = b[1024 + 4 * 2 + 1] = b[1024 + 4 * 2 + 2] = 0;
+    gpt_write_file(p, b, sizeof b);
+    CHECK_ERR(gp_tokens_read(p, T, &ds), GP_ERR_DATA, "token 2 is id 16777216, past 2^24");
+    memcpy(b + 1024 + 4 * 2, t2, 4);
     b[1024 + 4 * 2 + 3] = 0;
     /* two bytes short of the count's 4 a token */
     gpt_write_file(p, b, sizeof b - 2);
