@@ -269,6 +269,11 @@ static void test_fixture(void)
     n = fixture(file, hdr3, data, 116);
     CHECK_ERR(gp_st_parse("t", file, n - 1, &f), GP_ERR_DATA, "truncated");
     CHECK_ERR(gp_st_parse("t", file, 5, &f), GP_ERR_DATA, "shorter than");
+    /* one byte more than the tensors cover: trailing bytes, refused too */
+    memcpy(bad, file, n);
+    bad[n] = 0;
+    CHECK_ERR(gp_st_parse("t", bad, n + 1, &f), GP_ERR_DATA,
+              "the tensors cover 116 data bytes but the file holds 117");
     memcpy(bad, file, n);
     bad[7] = 0x7f;
     CHECK_ERR(gp_st_parse("t", bad, n, &f), GP_ERR_DATA, "more than the format's 100000000");
@@ -328,6 +333,10 @@ static void test_fixture(void)
          "\"data_offsets\":[0,8]}}", 8, "too large"},
         {"{\"a\":{\"dtype\":\"Q7\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
          "unknown dtype 'Q7'"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,4]}}", 4,
+         "list too long (at most 2 entries)"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}",
+         4, "list too long (at most 8 entries)"},
     };
     for (size_t i = 0; i < sizeof broken / sizeof *broken; i++) {
         n = fixture(bad, broken[i].header, data, broken[i].data_bytes);
@@ -338,6 +347,16 @@ static void test_fixture(void)
     CHECK_OK(gp_st_parse("t", bad, n, &f));
     CHECK(f.n_meta == 1 && !strcmp(f.meta[0], "k\xc3\xa9\xf0\x9f\x98\x80") &&
           !strcmp(f.meta[1], "v\n\"q\""));
+    gp_st_free(&f);
+    /* a tensor with no elements (a dimension of 0), as torch saves one:
+     * no bytes, read as it is */
+    const char *empty = "{\"e\":{\"dtype\":\"F32\",\"shape\":[0,4],\"data_offsets\":[0,0]},"
+                        "\"b\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[0,4]}}";
+    n = fixture(bad, empty, data, 4);
+    CHECK_OK(gp_st_parse("t", bad, n, &f));
+    const gp_st_tensor *e0 = gp_st_find(&f, "e");
+    CHECK(f.n == 2 && e0 && e0->ndim == 2 && e0->dims[0] == 0 && e0->dims[1] == 4 &&
+          e0->begin == 0 && e0->end == 0);
     gp_st_free(&f);
 
     gp_model_free(&m);
