@@ -321,6 +321,8 @@ static void test_fixture(void)
          "bad JSON header at byte 11: byte 0xff in a string is not UTF-8"},
         {"{\"a\":{\"dtype\":\"F32\",\"shap\":[1],\"data_offsets\":[0,4]}}", 4,
          "unknown or repeated key 'shap'"},
+        {"{\"a\":{\"dtype\":\"I64\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+         4, "unknown or repeated key 'dtype'"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
          "expected a non-negative integer"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
@@ -1967,6 +1969,68 @@ static void test_header_checksum(void)
     free(img);
 }
 
+/* gp_st_widen, the F16 and BF16 tensors of a Hugging Face folder to FP32,
+ * against values known exactly: F16's subnormals (2^-24 m), normals
+ * (2^(e-15) (1 + m / 1024)), infinities, NaN and both signs; BF16's the
+ * top half of the float. */
+static void test_widen(void)
+{
+    static const struct {
+        uint16_t h;
+        float v;
+    } f16[] = {{0x0000, 0.0f},         {0x0001, 0x1p-24f},       {0x0002, 0x1p-23f},
+               {0x03ff, 1023 * 0x1p-24f}, {0x0400, 0x1p-14f},    {0x0401, 0x1.004p-14f},
+               {0x3555, 0x1.554p-2f},  {0x3c00, 1.0f},           {0x3c01, 1.0009765625f},
+               {0x4000, 2.0f},         {0x7bff, 65504.0f},       {0x8001, -0x1p-24f},
+               {0xbc00, -1.0f},        {0xc000, -2.0f},          {0x7c00, INFINITY},
+               {0xfc00, -INFINITY}};
+    for (size_t q = 0; q < sizeof f16 / sizeof *f16; q++) {
+        uint8_t b[4] = {0, 0, (uint8_t)f16[q].h, (uint8_t)(f16[q].h >> 8)};
+        float got = gp_st_widen(b, GP_ST_WIDE_F16, 1);
+        CHECK_MSG(got == f16[q].v && signbit(got) == signbit(f16[q].v),
+                  "F16 %04x widened to %a, want %a", f16[q].h, (double)got, (double)f16[q].v);
+    }
+    uint8_t nan[2] = {0x00, 0x7e};
+    CHECK(isnan(gp_st_widen(nan, GP_ST_WIDE_F16, 0)));
+    uint8_t bf[2] = {0xc0, 0x3f}; /* 0x3fc0: 1.5 */
+    CHECK(gp_st_widen(bf, GP_ST_WIDE_BF16, 0) == 1.5f);
+    float f = -0.375f;
+    CHECK(gp_st_widen((const uint8_t *)&f, GP_ST_WIDE_F32, 0) == -0.375f);
+}
+
+/* gpipe.header_crc32 as the format defines it (safetensors.c, header_crc):
+ * the sum of one CRC-32 per metadata pair (key and its NUL, then the
+ * value; the two checksums left out) and per tensor (its name, then
+ * "|dtype|ndim|dim...|begin|end"), computed here from that description:
+ * a change to the algorithm would refuse every snapshot written before it. */
+static void test_header_checksum_value(void)
+{
+    gp_st_writer w = {0};
+    float v[6] = {1, 2, 3, 4, 5, 6};
+    int64_t dims[2] = {2, 3}, one = 1;
+    int64_t step = 7;
+    CHECK_OK(gp_st_writer_add(&w, "layer.weight", GP_ST_F32, 2, dims, v, sizeof v));
+    CHECK_OK(gp_st_writer_add(&w, "layer.count", GP_ST_I64, 1, &one, &step, sizeof step));
+    CHECK_OK(gp_st_writer_meta(&w, "gpipe.step", "4"));
+    uint8_t *img;
+    size_t n;
+    CHECK_OK(gp_st_serialize(&w, &img, &n));
+    gp_st_writer_free(&w);
+    gp_st_file f;
+    CHECK_OK(gp_st_parse("value", img, n, &f));
+    uint32_t want = gp_st_crc(gp_st_crc(0, "gpipe.step", 11), "4", 1);
+    want += gp_st_crc(gp_st_crc(0, "layer.weight", 12), "|F32|2|2|3|0|24", 15);
+    want += gp_st_crc(gp_st_crc(0, "layer.count", 11), "|I64|1|1|24|32", 14);
+    const char *got = gp_st_meta(&f, "gpipe.header_crc32");
+    char hex[16];
+    snprintf(hex, sizeof hex, "%08lx", (unsigned long)want);
+    CHECK_MSG(got && !strcmp(got, hex), "gpipe.header_crc32 %s, want %s", got ? got : "none",
+              hex);
+    CHECK_OK(gp_st_verify(&f, true));
+    gp_st_free(&f);
+    free(img);
+}
+
 /* Whether the file system of dir takes an O_DIRECT write (tmpfs before
  * Linux 6.6 does not, for one): a probe file. */
 static bool takes_direct(const char *dir)
@@ -2608,6 +2672,8 @@ int main(void)
         test_torchgpipe_resnet();
     }
     test_header_checksum();
+    test_widen();
+    test_header_checksum_value();
     test_large_write_direct();
     if (access(bin, X_OK) == 0) {
         test_damage();
