@@ -216,6 +216,32 @@ def config_types(d, src):
                 check(rc > 0 and needle in err, "model_type %s without %s: refused naming %r: "
                       "rc %s %r" % (t, key, needle, rc, err[-400:]))
             shutil.rmtree(v)
+        # num_key_value_heads null, not left out: as many as the heads for every type
+        # (MistralConfig's 8 and Qwen2Config's 32 are for the key left out)
+        c = dict(base, model_type=t, num_key_value_heads=None)
+        v = config_variant(d, src, "types_%s_kvnull" % t, lambda j, c=c: (j.clear(), j.update(c)))
+        rc, err = sample_weights(cfg, v)
+        needle = "num_key_value_heads absent (transformers uses %s's %d; this model: " % (
+            cls, base["num_attention_heads"])
+        check(rc > 0 and needle in err, "model_type %s, num_key_value_heads null: refused naming "
+              "%r: rc %s %r" % (t, needle, rc, err[-400:]))
+        shutil.rmtree(v)
+
+
+def rope_defaults(d, src):
+    """A llama3 rope_scaling whose config.json leaves out high_freq_factor: the model built
+    from the folder (llama: {}) and the loader's check of config.json take the same Llama 3
+    value for it (4), so the folder loads."""
+    v = config_variant(d, src, "rope_nohigh", lambda c: c.update(rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 16}))
+    y = os.path.join(d, "rope.yaml")
+    with open(y, "w") as f:
+        f.write("model:\n  input: [16]\n  llama: {}\n  init_from: %s\n  loss: cross_entropy\n"
+                "data: {dataset: synthetic}\ntrain: {steps: 1, batch_size: 4}\n" % v)
+    rc, err = gpipe([y])
+    check(rc == 0, "llama3 rope_scaling without high_freq_factor loads (Llama 3's 4 on both "
+          "sides): rc %s %r" % (rc, err[-400:]))
 
 
 def config_arch(d, src):
@@ -276,6 +302,10 @@ def gpt_config(d, g):
         activation_function="gelu_pytorch_tanh", reorder_and_upcast_attn=True))
     rc, err = gpipe([g, "--set", "model.init_from=" + v])
     check(rc == 0, "GPT-2 folder with gelu_pytorch_tanh loads: rc %s %r" % (rc, err[-300:]))
+    # layer_norm_epsilon left out: GPT2Config's 1e-5, the model's
+    v2 = config_variant(d, src, "gpt_noeps", lambda c: c.pop("layer_norm_epsilon"))
+    rc, err = gpipe([g, "--set", "model.init_from=" + v2])
+    check(rc == 0, "GPT-2 folder without layer_norm_epsilon loads: rc %s %r" % (rc, err[-300:]))
     os.remove(os.path.join(v, "config.json"))
     rc, err = gpipe([g, "--set", "model.init_from=" + v])
     check(rc == 0, "GPT-2 folder without config.json loads: rc %s %r" % (rc, err[-300:]))
@@ -319,10 +349,29 @@ def main():
         check(ts["model.layers.0.self_attn.q_proj.weight"][1] == [32, 32] and
               ts["model.layers.0.self_attn.k_proj.weight"][1] == [16, 32],
               "the export's q and k are 32 and 16 rows")
+        # hf-bf16 of the same run: each tensor the FP32 export's rounded to
+        # nearest even (the embedding's 8192 values span two of the writer's
+        # blocks of 4096)
+        b16 = os.path.join(d, "untied-bf16")
+        rc, err = gpipe([yaml(d, "a.yaml", False), "--export-weights", b16, "--export-format",
+                         "hf-bf16"])
+        check(rc == 0, "the untied model exports a bf16 folder: rc %s %r" % (rc, err[-300:]))
+        if rc == 0:
+            t16, _ = st_read(os.path.join(b16, "model.safetensors"))
+            bad = []
+            for k, (dt, shape, raw) in ts.items():
+                u = struct.unpack("<%dI" % (len(raw) // 4), raw)
+                want = struct.pack("<%dH" % len(u),
+                                   *[(x + 0x7fff + ((x >> 16) & 1)) >> 16 for x in u])
+                if k not in t16 or t16[k][:2] != ("BF16", shape) or t16[k][2] != want:
+                    bad.append(k)
+            check(not bad and len(t16) == len(ts),
+                  "hf-bf16: the FP32 export's tensors rounded to nearest even; not %s" % bad[:3])
         rc, err = gpipe([yaml(d, "u.yaml", False, src)])
         check(rc == 0, "the untied model loads the untied folder: rc %s %r" % (rc, err[-300:]))
         config_json(d, src)
         config_types(d, src)
+        rope_defaults(d, src)
         config_arch(d, src)
         export_leftovers(d)
 
@@ -349,6 +398,16 @@ def main():
         check(rc > 0 and open(kept).read() == '{"step": 1, "loss": 5.5}\n',
               "a run failing at its weights leaves --metrics as it was: rc %s %r"
               % (rc, open(kept).read()))
+        # a k_proj of the rows this model takes but another width's columns
+        # (16 x 31): refused as not stacking, not read into q/k/v's rows
+        def narrow_k(t):
+            dt, (r, c), raw = t[qkv[1]]
+            t[qkv[1]] = (dt, [r, c - 1],
+                         b"".join(raw[i * c * 4:(i * c + c - 1) * 4] for i in range(r)))
+        v = variant("kcols", narrow_k)
+        rc, err = gpipe([yaml(d, "k.yaml", False, v)])
+        check(rc > 0 and "do not stack" in err and "k_proj.weight" in err,
+              "a k_proj of 31 columns refused: rc %s %r" % (rc, err[-400:]))
         gu = ["model.layers.0.mlp.%s_proj.weight" % x for x in ("gate", "up")]
         v = variant("gateup", lambda t: resplit(t, gu, [60, 68], 32))
         rc, err = gpipe([yaml(d, "g.yaml", False, v)])
@@ -511,13 +570,17 @@ def main():
         c.update({"bos_token_id": 254, "eos_token_id": 255, "pad_token_id": None,
                   "custom_field": {"a": [1, 2.5, None]}})
         json.dump(c, open(cj, "w"))
+        # a float written with a capital E (1E3: 1000.0, not the integer 1000)
+        text = open(cj).read()
+        open(cj, "w").write(text.replace('"custom_field":', '"big": 1E3, "custom_field":', 1))
         out2 = os.path.join(d, "fromids")
         rc, err = gpipe([yaml(d, "i.yaml", False, src2), "--export-weights", out2,
                          "--export-format", "hf"])
         got = json.load(open(os.path.join(out2, "config.json"))) if rc == 0 else {}
         check(rc == 0 and got.get("bos_token_id") == 254 and got.get("eos_token_id") == 255 and
               "pad_token_id" in got and got.get("custom_field") == {"a": [1, 2.5, None]} and
-              got.get("num_hidden_layers") == 2,
+              got.get("num_hidden_layers") == 2 and isinstance(got.get("big"), float) and
+              got["big"] == 1000.0,
               "the export keeps the source's bos, eos, pad and other keys: rc %s %r %r"
               % (rc, got, err[-300:]))
         gen = os.path.join(out2, "generation_config.json")
@@ -657,6 +720,15 @@ def main():
         check(rc1 == 0 and rc2 == 0 and 1 < n_kb < n_bytes,
               "GPIPE_HF_SHARD_BYTES=20kB is 20,000 bytes, not 20: %d shards against 20's %d "
               "(%s %s)" % (n_kb, n_bytes, err1[-200:], err2[-200:]))
+        # at 20 bytes every tensor is past the limit: each alone in a shard,
+        # none empty (the first too), and the index names every shard
+        if rc1 == 0:
+            out20 = os.path.join(d, "sh_20")
+            idx = json.load(open(os.path.join(out20, "model.safetensors.index.json")))
+            files20 = sorted(f for f in os.listdir(out20) if f.endswith(".safetensors"))
+            empty = [f for f in files20 if not st_read(os.path.join(out20, f))[0]]
+            check(not empty and sorted(set(idx["weight_map"].values())) == files20,
+                  "GPIPE_HF_SHARD_BYTES=20: no empty shard (%s), each in the index" % empty)
         for var, val, needle in (("GPIPE_FUSE_GELU", "no", "not one of 0, 1"),
                                  ("GPIPE_CPU_CONV", "blockd", "not one of auto, plain, blocked"),
                                  ("GPIPE_LOG", "verbose", "not one of debug"),
