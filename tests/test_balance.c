@@ -1077,6 +1077,9 @@ static void test_profiler(void)
     two.t = both;
     gp_profile_times_at(&two, 12, t2, NULL, NULL);
     CHECK_NEAR(t2[0].fwd, 0.75 * p.t[0].fwd, 1e-12, 1e-9);
+    /* off the middle: 10 is 3/4 size 8's and 1/4 size 16's */
+    gp_profile_times_at(&two, 10, t2, NULL, NULL);
+    CHECK_NEAR(t2[0].fwd, 0.75 * 0.5 * p.t[0].fwd + 0.25 * p.t[0].fwd, 1e-12, 1e-9);
     gp_profile_free(&p);
     gp_config_free(&cfg);
 }
@@ -2173,6 +2176,12 @@ static void test_skip_costs(void)
     for (int j = 1; j < 3; j++)
         CHECK_MSG(b[j].copy_act == a[j].copy_act && b[j].copy_grad == a[j].copy_grad &&
                   pb[j] == pa[j], "stage %d pays for a skip that passes it by", j);
+    /* without it: a stage receives the output of the layer before it, and
+     * sends back the gradient of its own last layer's */
+    for (int j = 0; j < N; j++)
+        CHECK_MSG(a[j].copy_act == (j > 0 ? t[j - 1].copy : 0) &&
+                  a[j].copy_grad == (j < N - 1 ? t[j].copy : 0),
+                  "stage %d receives %g, sends back %g", j, a[j].copy_act, a[j].copy_grad);
     CHECK_MSG(pb[3] >= pa[3] + mem[0].out_per_sample * S && pb[0] > pa[0],
               "skip memory: stage 3 %g (was %g), stage 0 %g (was %g)", pb[3], pa[3], pb[0], pa[0]);
     /* through JSON, and into the hash */
