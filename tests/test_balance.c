@@ -1947,6 +1947,48 @@ static void test_bf16_copy_memory(void)
     printf("test_balance: bf16 copies in the memory model: %d of 18 cases wrong\n", bad);
 }
 
+/* The model's input stays FP32 where activations are stored in bf16 (the
+ * memory model's stored(): layer 0's input, which gpipe uploads as it is):
+ * stage 0's peak grows by the same bytes for 200 more bytes a sample of
+ * it, in bf16 as in FP32. */
+static void test_bf16_input_memory(void)
+{
+    enum { M = 4, S = 2 };
+    gp_layer_mem mem[2];
+    gp_layer_times t[2];
+    memset(mem, 0, sizeof mem);
+    memset(t, 0, sizeof t);
+    for (int k = 0; k < 2; k++) {
+        t[k].fwd = t[k].bwd_data = t[k].bwd_weights = 1;
+        mem[k].param_bytes = 1000;
+        mem[k].keep_per_sample = 300;
+        snprintf(mem[k].spec, sizeof mem[k].spec, "linear {out: 4}");
+    }
+    mem[0].out_per_sample = mem[1].in_per_sample = 200;
+    mem[1].out_per_sample = 500;
+    gp_schedule sched;
+    gp_schedule_opts so = {.kind = GP_SCHEDULE_GPIPE, .n = 2, .m = M,
+                           .checkpoint = GP_CKPT_NEVER, .replicas = 1, .update = true,
+                           .check = true};
+    CHECK_OK(gp_schedule_make(&so, &sched));
+    int64_t sizes[M] = {S, S, S, S};
+    double grow[2];
+    for (int b = 0; b < 2; b++) {
+        double pk[2];
+        for (int q = 0; q < 2; q++) {
+            mem[0].in_per_sample = q ? 300 : 100;
+            int bal[2];
+            gp_profile p = unit_profile(2, M, S, mem, t, bal);
+            p.act_dtype = b ? GP_BF16 : GP_F32;
+            pk[q] = gp_stage_peak_bytes(&p, &sched, sizes, 0, 0, 1);
+        }
+        grow[b] = pk[1] - pk[0];
+    }
+    gp_schedule_free(&sched);
+    CHECK_MSG(grow[0] > 0 && grow[1] == grow[0], "200 more input bytes a sample: stage 0's peak "
+              "%.0f more in FP32, %.0f in bf16", grow[0], grow[1]);
+}
+
 /* A blocked chain a stage's edge cuts (gp_layer_mem.x_chain, y_chain): on
  * configs/default.yaml's convnet the profile marks the first convolution's
  * output blocked to its pool and the second's input blocked from the
@@ -3034,6 +3076,7 @@ int main(int argc, char **argv)
         test_stage_sums();
         test_chain_cuts();
         test_bf16_copy_memory();
+        test_bf16_input_memory();
         test_inplace_costs();
         test_recommend_memory();
     } else {
