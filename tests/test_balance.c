@@ -1884,6 +1884,20 @@ static void test_simulator(void)
     }
 }
 
+/* Two layers of unit times, 1000 bytes of parameters and 300 kept a
+ * sample each, of layer spec `spec`; their in/out bytes left to the test. */
+static void two_layers(gp_layer_mem mem[2], gp_layer_times t[2], const char *spec)
+{
+    memset(mem, 0, 2 * sizeof *mem);
+    memset(t, 0, 2 * sizeof *t);
+    for (int k = 0; k < 2; k++) {
+        t[k].fwd = t[k].bwd_data = t[k].bwd_weights = 1;
+        mem[k].param_bytes = 1000;
+        mem[k].keep_per_sample = 300;
+        snprintf(mem[k].spec, sizeof mem[k].spec, "%s", spec);
+    }
+}
+
 /* bf16 copies in the memory model: on one device nothing is copied, so
  * the peak is FP32's exactly.  On two stages whose last makes large
  * dlogits (which never cross a boundary, so stay FP32: counted packed, the
@@ -1897,14 +1911,7 @@ static void test_bf16_copy_memory(void)
     enum { M = 4, S = 2 };
     gp_layer_mem mem[2];
     gp_layer_times t[2];
-    memset(mem, 0, sizeof mem);
-    memset(t, 0, sizeof t);
-    for (int k = 0; k < 2; k++) {
-        t[k].fwd = t[k].bwd_data = t[k].bwd_weights = 1;
-        mem[k].param_bytes = 1000;
-        mem[k].keep_per_sample = 300;
-        snprintf(mem[k].spec, sizeof mem[k].spec, "relu");
-    }
+    two_layers(mem, t, "relu");
     mem[0].in_per_sample = 50;
     mem[0].out_per_sample = mem[1].in_per_sample = 200;
     mem[1].out_per_sample = 5000; /* dlogits */
@@ -1956,14 +1963,7 @@ static void test_bf16_input_memory(void)
     enum { M = 4, S = 2 };
     gp_layer_mem mem[2];
     gp_layer_times t[2];
-    memset(mem, 0, sizeof mem);
-    memset(t, 0, sizeof t);
-    for (int k = 0; k < 2; k++) {
-        t[k].fwd = t[k].bwd_data = t[k].bwd_weights = 1;
-        mem[k].param_bytes = 1000;
-        mem[k].keep_per_sample = 300;
-        snprintf(mem[k].spec, sizeof mem[k].spec, "linear {out: 4}");
-    }
+    two_layers(mem, t, "linear {out: 4}");
     mem[0].out_per_sample = mem[1].in_per_sample = 200;
     mem[1].out_per_sample = 500;
     gp_schedule sched;
