@@ -281,6 +281,29 @@ static void test_idx_errors(void)
             CHECK_ERR(gp_idx_read_images(tpath("pad.gz"), &ds), GP_ERR_DATA, want);
             CHECK(ds.images == NULL);
         }
+        /* Every byte there but the file ends inside gzip data: its trailer
+         * (the checksum) cut by 4 or 8 bytes, or a member's magic bytes
+         * alone after the last: cut short, not read as whole (gzread and
+         * the first inflate reader took each without a word) */
+        uint8_t whole[1024];
+        write_bytes(tpath("cut.gz"), b, sizeof b, true);
+        FILE *cf = fopen(tpath("cut.gz"), "rb");
+        size_t wn = cf ? fread(whole, 1, sizeof whole, cf) : 0;
+        if (cf) fclose(cf);
+        CHECK(wn > 8 && wn < sizeof whole);
+        for (int cut = 4; cut <= 8 && wn > 8; cut += 4) {
+            write_bytes(tpath("cut.gz"), whole, wn - (size_t)cut, false);
+            CHECK_ERR(gp_idx_read_images(tpath("cut.gz"), &ds), GP_ERR_DATA,
+                      "cut.gz: the file ends inside its gzip data");
+            CHECK(ds.images == NULL);
+        }
+        memcpy(whole + wn, "\x1f\x8b", 2);
+        write_bytes(tpath("cut.gz"), whole, wn + 2, false);
+        CHECK_ERR(gp_idx_read_images(tpath("cut.gz"), &ds), GP_ERR_DATA,
+                  "cut.gz: the file ends inside its gzip data");
+        write_bytes(tpath("cut.gz"), whole, wn, false); /* whole: read */
+        CHECK_OK(gp_idx_read_images(tpath("cut.gz"), &ds));
+        gp_dataset_free(&ds);
     }
     /* Absurd headers: never allocated. */
     {

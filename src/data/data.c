@@ -74,6 +74,8 @@ typedef struct {
                          member's end */
     int64_t in_at;    /* the file's offset of in[0] */
     int64_t trailing; /* gzip: bytes after the last member that are not another */
+    bool in_member;   /* gzip: inside a member, its end (the trailer) not yet read */
+    int read_errno;   /* the failed read's (zerr k_unread) */
     z_stream z;       /* next_in, avail_in: the unread bytes of in[] (raw too) */
     unsigned char in[1 << 16];
 } idx_file;
@@ -129,6 +131,7 @@ static idx_file *idx_open(const char *path, gp_status *s)
         }
     }
     f->gz = f->z.avail_in >= 2 && f->in[0] == 0x1f && f->in[1] == 0x8b;
+    f->in_member = f->gz;
     if (f->gz && inflateInit2(&f->z, 16 + MAX_WBITS) != Z_OK) {
         f->gz = false;
         idx_close(f);
@@ -138,21 +141,25 @@ static idx_file *idx_open(const char *path, gp_status *s)
     return f;
 }
 
-/* zerr for bytes after the last gzip member that are not another one */
-static const char k_trailing[] = "trailing bytes";
+/* zerr for bytes after the last gzip member that are not another one, and
+ * for a read that failed (f->read_errno) */
+static const char k_trailing[] = "trailing bytes", k_unread[] = "read error";
 
 /* zlib's "incorrect data check" / "incorrect length check" come from the
  * gzip trailer: every byte decompressed, but not to what was written. */
 static gp_status gz_corrupt(const idx_file *f, const char *path, int64_t at, const char *zerr)
 {
+    if (zerr == k_unread) /* the disk's or the network's, not the file's */
+        return gp_error_set(GP_ERR_IO, "cannot read '%s': %s", path, strerror(f->read_errno));
     if (zerr == k_trailing) {
         int64_t end = f->in_at + (f->z.next_in - f->in);
         return gp_error_set(GP_ERR_DATA,
                             "%s: %lld byte%s after its gzip data (which ends at byte %lld of "
-                            "%lld) are not gzip data: the file is damaged (padded) or another "
+                            "%lld) %s not gzip data: the file is damaged (padded) or another "
                             "file was appended to it; fetch or decompress it again", path,
                             (long long)f->trailing, f->trailing == 1 ? "" : "s",
-                            (long long)end, (long long)(end + f->trailing));
+                            (long long)end, (long long)(end + f->trailing),
+                            f->trailing == 1 ? "is" : "are");
     }
     /* a checksum found wrong says nothing of where the damage is */
     if (zerr && strstr(zerr, "check"))
@@ -171,13 +178,16 @@ static gp_status gz_corrupt(const idx_file *f, const char *path, int64_t at, con
  * their count).  Whether to go on inflating. */
 static bool next_member(idx_file *f, const char **zerr)
 {
+    f->in_member = false;
     if (f->z.avail_in < 2 && idx_fill(f) < 0) {
-        *zerr = strerror(errno);
+        f->read_errno = errno;
+        *zerr = k_unread;
         return false;
     }
     const unsigned char *p = f->z.next_in;
     if (f->z.avail_in >= 2 && p[0] == 0x1f && p[1] == 0x8b) {
         inflateReset(&f->z);
+        f->in_member = true; /* (one cut short before its end: idx_read_payload) */
         return true;
     }
     f->done = true;
@@ -201,7 +211,10 @@ static int64_t idx_read(idx_file *f, void *buf, int64_t len, const char **zerr)
     while (got < len && !f->done) {
         if (f->z.avail_in == 0) {
             ssize_t r = idx_fill(f);
-            if (r < 0) *zerr = strerror(errno);
+            if (r < 0) {
+                f->read_errno = errno;
+                *zerr = k_unread;
+            }
             if (r <= 0) break; /* (gzip: cut inside a member, which is short) */
         }
         int64_t want = len - got < ((int64_t)1 << 30) ? len - got : ((int64_t)1 << 30);
@@ -278,6 +291,16 @@ static gp_status idx_read_payload(idx_file *f, const char *path, int64_t hdr, in
                             "(%lld-byte header + %s %s): the header's counts do not match "
                             "the data; is the file damaged or two files joined?",
                             path, (long long)(hdr + len), (long long)hdr, shape, what);
+    }
+    /* Every byte there, but the file ends inside a gzip member: its 8-byte
+     * trailer (the checksum that says the bytes are right) cut off, or the
+     * magic bytes of a member cut short after the last */
+    if (f->in_member) {
+        free(buf);
+        return gp_error_set(GP_ERR_DATA,
+                            "%s: the file ends inside its gzip data (a member's end and its "
+                            "checksum missing), so whether its bytes are right is unknown: the "
+                            "file is cut short; fetch or decompress it again", path);
     }
     *out = buf;
     return GP_OK;
