@@ -2639,6 +2639,40 @@ static int keep_peaks(gp_config *cfg, gp_profile *p, int nd, const int *bal, boo
     return bad;
 }
 
+/* The loss's targets the planner counts on the last stage
+ * (gp_model_profile_facts' target_bytes): cross-entropy's one class id a
+ * row, T a sample for an (N, T, classes) output, whatever the last layer
+ * is: a dropout over the head counted one (4 bytes) until 2026-12-01. */
+static void test_target_bytes(void)
+{
+    for (int drop = 0; drop < 2; drop++) {
+        char yaml[512];
+        snprintf(yaml, sizeof yaml,
+                 "model:\n"
+                 "  input: [6]\n"
+                 "  layers:\n"
+                 "    - embedding: {vocab: 10, dim: 8, positions: 6}\n"
+                 "    - linear: {out: 10}\n"
+                 "%s"
+                 "  loss: cross_entropy\n"
+                 "data: {dataset: synthetic}\n"
+                 "train: {batch_size: 4}\n", drop ? "    - dropout: {p: 0.1}\n" : "");
+        gp_config cfg;
+        CHECK_OK(gp_config_parse("targets.yaml", yaml, strlen(yaml), NULL, 0, &cfg));
+        gp_layer_mem mem[3];
+        memset(mem, 0, sizeof mem);
+        for (int k = 1; k < 3; k++) mem[k].out_per_sample = 6 * 10 * sizeof(float);
+        gp_profile p;
+        memset(&p, 0, sizeof p);
+        p.mem = mem;
+        p.L = 2 + drop;
+        gp_model_profile_facts(&cfg, &p);
+        CHECK_MSG(p.target_bytes == 6 * sizeof(float), "%s last: %.0f target bytes a sample, "
+                  "want 24 (6 positions)", drop ? "a dropout" : "a linear", p.target_bytes);
+        gp_config_free(&cfg);
+    }
+}
+
 static int schedule_memory_attempt(bool last, int nd, bool sample)
 {
     char yaml[1024];
@@ -3064,6 +3098,7 @@ int main(int argc, char **argv)
         test_partition_v();
         test_minmax_v_stages();
         test_simulator_formula();
+        test_target_bytes();
         test_simulator_whole_backward();
         test_simulator_cache();
         test_keep_recompute_time();

@@ -409,14 +409,25 @@ void gp_model_profile_facts(const gp_config *cfg, gp_profile *p)
     p->act_dtype = (int)gp_config_act_dtype(cfg);
     p->optim_shards = gp_model_optim_shards(cfg);
     /* binary cross-entropy: a target an output element; cross-entropy: one
-     * a row of classes, the last layer's outputs (gp_loss_targets_shape) */
+     * a row of classes, the last layer's outputs (gp_loss_targets_shape).
+     * A last layer that is not a linear (a dropout over the head) says
+     * nothing of the rows: the model's output shape does, from its meta
+     * build; where even that fails, as many targets as outputs (an upper
+     * bound, as the plan is) */
     const gp_model_config *mc = &cfg->model;
     const gp_layer_spec *last = mc->n_layers > 0 ? &mc->layers[mc->n_layers - 1] : NULL;
     double out = p->mem && p->L > 0 ? p->mem[p->L - 1].out_per_sample : 0;
+    int64_t params;
+    gp_shape o;
     if (mc->loss == GP_LOSS_BCE_WITH_LOGITS) p->target_bytes = out;
     else if (last && last->type == GP_LAYER_LINEAR && last->out > 0)
         p->target_bytes = out / (double)last->out;
-    else p->target_bytes = sizeof(float);
+    else if (gp_model_describe(cfg, &params, &o) == GP_OK)
+        p->target_bytes = (double)gp_loss_targets_per_sample(mc->loss, &o) * sizeof(float);
+    else {
+        gp_error_clear();
+        p->target_bytes = out;
+    }
     gp_model_profile_keep(cfg, cfg->pipeline.checkpoint_keep, p);
 }
 
