@@ -288,41 +288,59 @@ static double kept_bytes(const gp_profile *p, int first, int last, int k)
  * Gradients at FP32 bytes.  gp_stage_peak_trace counted only the largest
  * input's gradient at the backward's start, and a 2-stage U-Net's stage 1
  * peaked 0.87 MiB over its plan (0.95x) where its decoder's concatenation
- * made both halves of its input's gradient beside that gradient. */
-static double bwd_rise(const gp_profile *p, int j, int first, int last, bool half, double early)
+ * made both halves of its input's gradient beside that gradient.
+ * All three a stage needs in one walk (rise[0]: a whole backward, less
+ * `early`; rise[1]: a whole backward, early 0; rise[2]: a data half):
+ * kk[c - first] is kept_bytes of layer c, and pop (2 count, zeroed) the
+ * walk's scratch.  Until 2026-12-01 each took its own walk, calloc and
+ * kept_bytes, a tenth of planning Llama 3 70B on 64 GPUs; the sums are
+ * the same terms in the same order, so the same bits. */
+static double rise_at(double g, double dx, double pending, double held, double freed,
+                      double early)
+{
+    return g + dx + fmax(pending, 0) + held - (freed > early ? freed - early : 0);
+}
+
+static void bwd_rises(const gp_profile *p, int j, int first, int last, double early,
+                      const double *kk, double *pop, double *rise)
 {
     const gp_layer_mem *mm = p->mem;
     int count = last - first + 1;
     /* per layer c of the stage: the skips it pops (pop[c - first]) and
      * those that stash at c, popped inside the stage (stash[c - first]) */
-    double *pop = calloc(2 * (size_t)count, sizeof *pop), *stash = pop + count;
-    if (!pop) return HUGE_VAL; /* (no plan says it fits) */
+    double *stash = pop + count;
     for (int t = 0; t < p->n_skips; t++) {
         const gp_profile_skip *k = &p->skips[t];
         if (k->to < first || k->to > last) continue;
         pop[k->to - first] += mm[k->from].out_per_sample;
         if (k->from >= first) stash[k->from - first] += mm[k->from].out_per_sample;
     }
-    double rise = 0, freed = 0, held = 0, pending = 0; /* popped above c, stashed below */
+    double freed = 0, held = 0, pending = 0; /* popped above c, stashed below */
+    rise[0] = rise[1] = rise[2] = 0;
     int ft = j == 0 ? p->first_trainable : -1; /* stage 0: no dx at or below it */
+    double last_out = stored(p, last).out;
     for (int c = last; c >= first; c--) {
         pending -= stash[c - first]; /* added into c's incoming gradient first */
         double dx = c > ft ? mm[c].in_per_sample + pop[c - first] : 0;
         /* (a data half keeps a layer's with parameters for its weights half) */
-        bool dy_gone = c < last && !(half && mm[last].param_bytes > 0);
-        double g = c < last ? mm[c].out_per_sample - (dy_gone ? stored(p, last).out : 0) : 0;
-        double r = g + dx + fmax(pending, 0) + held - (freed > early ? freed - early : 0);
-        if (r > rise) rise = r;
+        bool gone_half = c < last && !(mm[last].param_bytes > 0);
+        double g = c < last ? mm[c].out_per_sample - last_out : 0;
+        double gh = c < last ? mm[c].out_per_sample - (gone_half ? last_out : 0) : 0;
+        double r[3] = {rise_at(g, dx, pending, 0, freed, early),
+                       rise_at(g, dx, pending, 0, freed, 0),
+                       rise_at(gh, dx, pending, held, 0, 0)};
+        for (int q = 0; q < 3; q++)
+            if (r[q] > rise[q]) rise[q] = r[q];
         pending += pop[c - first];
-        if (half) {
-            if (c < last && mm[c].param_bytes > 0) held += mm[c].out_per_sample;
-        } else {
-            freed += kept_bytes(p, first, last, c);
-        }
+        if (c < last && mm[c].param_bytes > 0) held += mm[c].out_per_sample;
+        freed += kk[c - first];
     }
-    free(pop);
-    return rise;
 }
+
+/* The levels of one stage's sent copies (sent_levels), [m] each. */
+typedef struct {
+    int act[GP_MAX_CHUNKS], grad[GP_MAX_CHUNKS];
+} sent_lvls;
 
 /* Lockstep frees what another stage copies from this one at fixed places
  * of the device's list (pipeline.c, await_sent): before an instruction of
@@ -376,10 +394,26 @@ static double sent_free(sent_held *q, const gp_instr *in)
     return f;
 }
 
+/* sent_levels of each stage of sched ([sched->stages]), NULL where no
+ * memory: they depend on the schedule alone, and scanning the readers'
+ * lists for every split the planner tries cost as much as the walk. */
+static sent_lvls *sent_levels_all(const gp_schedule *sched)
+{
+    sent_lvls *lv = malloc((size_t)sched->stages * sizeof *lv);
+    for (int j = 0; lv && j < sched->stages; j++) sent_levels(sched, j, lv[j].act, lv[j].grad);
+    return lv;
+}
+
+static double stage_trace(const gp_profile *p, const gp_schedule *sched, const int64_t *sizes,
+                          int j, int first, int count, double *level, const sent_lvls *lv);
+static double stage_walk(const gp_profile *p, const gp_schedule *sched, const int64_t *sizes,
+                         int j, int first, int count, double *level, const sent_lvls *lv,
+                         double *buf);
+
 double gp_stage_peak_bytes(const gp_profile *p, const gp_schedule *sched, const int64_t *sizes,
                            int j, int first, int count)
 {
-    return gp_stage_peak_trace(p, sched, sizes, j, first, count, NULL);
+    return stage_trace(p, sched, sizes, j, first, count, NULL, NULL);
 }
 
 static bool ck_of(const bool *fwd_ck, int i)
@@ -390,6 +424,36 @@ static bool ck_of(const bool *fwd_ck, int i)
 double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const int64_t *sizes,
                            int j, int first, int count, double *level)
 {
+    return stage_trace(p, sched, sizes, j, first, count, level, NULL);
+}
+
+/* Scratch of a stage's walk: its layers' kept_bytes, bwd_rises' two
+ * arrays; on the stack up to this many layers (the planner's stages of
+ * Llama 3 70B reach 883), beyond it allocated. */
+enum { TRACE_STACK_LAYERS = 1024 };
+
+/* gp_stage_peak_trace with lv (optional): sent_levels of the stage's
+ * schedule, each stage's, made once (sent_levels_all). */
+static double stage_trace(const gp_profile *p, const gp_schedule *sched, const int64_t *sizes,
+                          int j, int first, int count, double *level, const sent_lvls *lv)
+{
+    double stack_buf[3 * TRACE_STACK_LAYERS];
+    double *buf = count <= TRACE_STACK_LAYERS ? stack_buf
+                                              : malloc(3 * (size_t)count * sizeof *buf);
+    if (!buf) { /* (no plan says it fits) */
+        for (int c = 0; level && c < sched->count[sched->dev_of[j]]; c++) level[c] = HUGE_VAL;
+        return HUGE_VAL;
+    }
+    double peak = stage_walk(p, sched, sizes, j, first, count, level, lv, buf);
+    if (buf != stack_buf) free(buf);
+    return peak;
+}
+
+/* stage_trace's body; buf: 3 count doubles of scratch. */
+static double stage_walk(const gp_profile *p, const gp_schedule *sched, const int64_t *sizes,
+                         int j, int first, int count, double *level, const sent_lvls *lv,
+                         double *buf)
+{
     int n = sched->stages, last = first + count - 1;
     int d = sched->dev_of[j]; /* interleaved, zb-v: the device's list holds other stages too */
     const gp_layer_mem *mm = p->mem;
@@ -399,6 +463,7 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
         if ((double)mm[k].workspace_bytes > ws) ws = (double)mm[k].workspace_bytes;
         stored_mem sk = stored(p, k);
         double kk = kept_bytes(p, first, last, k);
+        buf[k - first] = kk;
         keep += kk;
         if (kept_at(p, first, last, k)) {
             ck_keep += kk;
@@ -504,16 +569,20 @@ double gp_stage_peak_trace(const gp_profile *p, const gp_schedule *sched, const 
      * copies late in its list (the V schedules' devices hold two stages),
      * lockstep holds them longer, and v-half's device 0 on test_balance's
      * 4-device U-Net measured 8.04 MiB for a plan of 7.48 (0.93x) */
-    int lvl_act[GP_MAX_CHUNKS], lvl_grad[GP_MAX_CHUNKS];
+    sent_lvls own;
+    if (!lv) sent_levels(sched, j, own.act, own.grad);
+    const int *lvl_act = lv ? lv[j].act : own.act, *lvl_grad = lv ? lv[j].grad : own.grad;
     double act_b[GP_MAX_CHUNKS], grad_b[GP_MAX_CHUNKS];
     for (int i = 0; i < sched->m && i < GP_MAX_CHUNKS; i++) act_b[i] = grad_b[i] = 0;
-    sent_levels(sched, j, lvl_act, lvl_grad);
     sent_held act_q = {lvl_act, act_b, 0, 0}, grad_q = {lvl_grad, grad_b, 0, 0};
     /* a backward's rise over its start (after a forward that kept all, or
      * checkpointed), a data half's: once a stage, not once a micro-batch */
-    double rise_kept = fmax(in_max, bwd_rise(p, j, first, last, false, end_free + in_free));
-    double rise_ck = fmax(in_max, bwd_rise(p, j, first, last, false, 0));
-    double rise_half = fmax(in_max, bwd_rise(p, j, first, last, true, 0));
+    double rise[3];
+    memset(buf + count, 0, 2 * (size_t)count * sizeof *buf);
+    bwd_rises(p, j, first, last, end_free + in_free, buf, buf + count, rise);
+    double rise_kept = fmax(in_max, rise[0]);
+    double rise_ck = fmax(in_max, rise[1]);
+    double rise_half = fmax(in_max, rise[2]);
     for (int c = 0; c < sched->count[d]; c++) {
         const gp_instr *in_ = &sched->list[d][c];
         if (gp_instr_per_micro_batch(in_->kind))
@@ -655,6 +724,7 @@ typedef struct {
     gp_stage_sums *sums;    /* lt's stage sums, NULL where too many layers */
     double loss, upload;
     gp_schedule sched;
+    sent_lvls *lv; /* sched's sent_levels (sent_levels_all), NULL: made each call */
     int64_t sizes[GP_MAX_CHUNKS];
     double rfrac[GP_MAX_DEVICES]; /* stage j: share of micro-batches that recompute */
 } plan_ctx;
@@ -662,7 +732,7 @@ typedef struct {
 static double plan_mem(void *arg, int j, int first, int count)
 {
     plan_ctx *c = arg;
-    return gp_stage_peak_bytes(c->p, &c->sched, c->sizes, j, first, count);
+    return stage_trace(c->p, &c->sched, c->sizes, j, first, count, NULL, c->lv);
 }
 
 static double plan_cost(void *arg, int j, int first, int count)
@@ -707,6 +777,7 @@ static gp_status plan_open(const gp_profile *p, const gp_plan_opts *o, plan_ctx 
         free(c->lt);
         return s;
     }
+    c->lv = sent_levels_all(&c->sched);
     /* the share of each stage's forwards that recompute, as the schedule's
      * instructions say (the checkpoint module decided them).  Interleaved
      * plans stand in with 1F1B over all n x v stages (gp_model_plan_opts),
@@ -728,6 +799,7 @@ static void plan_close(plan_ctx *c)
 {
     gp_stage_sums_free(c->sums);
     free(c->lt);
+    free(c->lv);
     gp_schedule_free(&c->sched);
 }
 
@@ -1119,6 +1191,7 @@ typedef struct sched_cache {
     int n, v, m;
     gp_checkpoint_mode ckpt;
     gp_schedule sc;
+    sent_lvls *lv; /* sc's sent_levels, made at its first simulation; NULL: not yet */
 } sched_cache;
 
 static _Thread_local sched_cache *tl_sched; /* (reachable from here: no leak reported) */
@@ -1129,6 +1202,7 @@ static void sched_cache_free(void *c)
 {
     sched_cache *sc = c;
     if (sc && sc->ok) gp_schedule_free(&sc->sc);
+    if (sc) free(sc->lv);
     free(sc);
 }
 
@@ -1151,11 +1225,22 @@ static gp_status sched_borrow(const gp_schedule_opts *so, gp_schedule *sc)
         gp_schedule fresh;
         GP_TRY(gp_schedule_make(so, &fresh));
         if (c->ok) gp_schedule_free(&c->sc);
+        free(c->lv);
         *c = (sched_cache){.ok = true, .kind = so->kind, .n = so->n, .v = so->virtual_stages,
                            .m = so->m, .ckpt = so->checkpoint, .sc = fresh};
     }
     *sc = c->sc;
     return GP_OK;
+}
+
+/* sc's sent_levels where sc is the thread's borrowed schedule (made at
+ * the first call), else NULL (each stage's walk makes its own). */
+static const sent_lvls *sched_levels(const gp_schedule *sc)
+{
+    sched_cache *c = tl_sched;
+    if (!(c && c->ok && sc->list == c->sc.list)) return NULL;
+    if (!c->lv) c->lv = sent_levels_all(sc);
+    return c->lv;
 }
 
 /* The end of a simulation: its schedule freed unless borrowed. */
@@ -1204,10 +1289,11 @@ static gp_status sim_begin(const gp_profile *p, gp_schedule_kind kind, int n, in
 static gp_status sim_peaks(const gp_profile *p, const gp_schedule *sc, const int64_t *sizes,
                            const int *first, const int *balance, double *peak, double *floor_)
 {
+    const sent_lvls *lv = sched_levels(sc);
     for (int d = 0; d < sc->n; d++) peak[d] = 0;
     if (sc->stages == sc->n) { /* one stage a device */
         for (int j = 0; j < sc->stages; j++)
-            peak[sc->dev_of[j]] = gp_stage_peak_bytes(p, sc, sizes, j, first[j], balance[j]);
+            peak[sc->dev_of[j]] = stage_trace(p, sc, sizes, j, first[j], balance[j], NULL, lv);
         if (floor_) memcpy(floor_, peak, (size_t)sc->n * sizeof *peak);
         return GP_OK;
     }
@@ -1223,7 +1309,7 @@ static gp_status sim_peaks(const gp_profile *p, const gp_schedule *sc, const int
         for (int d = 0; d < sc->n; d++) floor_[d] = 0;
         for (int j = 0; j < sc->stages; j++) {
             int d = sc->dev_of[j];
-            double own = gp_stage_peak_bytes(p, sc, sizes, j, first[j], balance[j]);
+            double own = stage_trace(p, sc, sizes, j, first[j], balance[j], NULL, lv);
             floor_[d] = fmax(floor_[d], own + sum[d] - stat[j]);
         }
     }
@@ -1242,7 +1328,7 @@ static gp_status sim_peaks(const gp_profile *p, const gp_schedule *sc, const int
             for (int k = first[j]; k < first[j] + balance[j]; k++)
                 ws = fmax(ws, (double)p->mem[k].workspace_bytes);
             ws_most = fmax(ws_most, ws);
-            gp_stage_peak_trace(p, sc, sizes, j, first[j], balance[j], level);
+            stage_trace(p, sc, sizes, j, first[j], balance[j], level, lv);
             for (int c = 0; c < sc->count[d]; c++) sum[c] += level[c] - ws;
         }
         for (int c = 0; c < sc->count[d]; c++)
