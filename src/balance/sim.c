@@ -10,6 +10,7 @@
  */
 #include "balance/balance.h"
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -295,10 +296,9 @@ static double kept_bytes(const gp_profile *p, int first, int last, int k)
  * walk's scratch.  Until 2026-12-01 each took its own walk, calloc and
  * kept_bytes, a tenth of planning Llama 3 70B on 64 GPUs; the sums are
  * the same terms in the same order, so the same bits. */
-static double rise_at(double g, double dx, double pending, double held, double freed,
-                      double early)
+static double rise_at(double g, double dx, double pend, double held, double freed, double early)
 {
-    return g + dx + fmax(pending, 0) + held - (freed > early ? freed - early : 0);
+    return g + dx + pend + held - (freed > early ? freed - early : 0); /* pend: fmax(pending, 0) */
 }
 
 static void bwd_rises(const gp_profile *p, int j, int first, int last, double early,
@@ -326,9 +326,9 @@ static void bwd_rises(const gp_profile *p, int j, int first, int last, double ea
         bool gone_half = c < last && !(mm[last].param_bytes > 0);
         double g = c < last ? mm[c].out_per_sample - last_out : 0;
         double gh = c < last ? mm[c].out_per_sample - (gone_half ? last_out : 0) : 0;
-        double r[3] = {rise_at(g, dx, pending, 0, freed, early),
-                       rise_at(g, dx, pending, 0, freed, 0),
-                       rise_at(gh, dx, pending, held, 0, 0)};
+        double pend = fmax(pending, 0);
+        double r[3] = {rise_at(g, dx, pend, 0, freed, early), rise_at(g, dx, pend, 0, freed, 0),
+                       rise_at(gh, dx, pend, held, 0, 0)};
         for (int q = 0; q < 3; q++)
             if (r[q] > rise[q]) rise[q] = r[q];
         pending += pop[c - first];
@@ -370,11 +370,14 @@ typedef struct {
     const int *lvl; /* [m]: its copy's level, -1: none */
     double *bytes;  /* [m]: held, 0: none */
     int lo, hi;
+    int min; /* the least level held in [lo, hi) at most (INT_MAX: none), so that the
+                many instructions before which nothing is freed skip the scan */
 } sent_held;
 
 static void sent_hold(sent_held *q, int i, double b)
 {
-    if (q->lo == q->hi) q->lo = q->hi = i;
+    if (q->lo == q->hi) q->lo = q->hi = i, q->min = INT_MAX;
+    if (q->lvl[i] < q->min) q->min = q->lvl[i];
     if (i < q->lo) q->lo = i;
     if (i >= q->hi) q->hi = i + 1;
     q->bytes[i] += b;
@@ -386,17 +389,24 @@ static double sent_free(sent_held *q, const gp_instr *in)
 {
     bool bwd_copy = in->kind == GP_INSTR_RECV_GRAD || in->kind == GP_INSTR_RECV_SKIP_GRAD;
     int upto = 2 * in->k - (bwd_copy ? 0 : 1);
+    if (upto < q->min) return 0;
     double f = 0;
-    for (int i = q->lo; i < q->hi; i++)
-        if (q->bytes[i] > 0 && q->lvl[i] <= upto) f += q->bytes[i], q->bytes[i] = 0;
+    int least = INT_MAX;
+    for (int i = q->lo; i < q->hi; i++) {
+        if (!(q->bytes[i] > 0)) continue;
+        if (q->lvl[i] <= upto) f += q->bytes[i], q->bytes[i] = 0;
+        else if (q->lvl[i] < least) least = q->lvl[i];
+    }
+    q->min = least;
     while (q->lo < q->hi && q->bytes[q->lo] == 0) q->lo++;
     while (q->hi > q->lo && q->bytes[q->hi - 1] == 0) q->hi--;
     return f;
 }
 
 /* sent_levels of each stage of sched ([sched->stages]), NULL where no
- * memory: they depend on the schedule alone, and scanning the readers'
- * lists for every split the planner tries cost as much as the walk. */
+ * memory: they depend on the schedule alone, and the planner walks one
+ * schedule for thousands of splits (each walk scanned the readers' lists
+ * again until 2026-12-01). */
 static sent_lvls *sent_levels_all(const gp_schedule *sched)
 {
     sent_lvls *lv = malloc((size_t)sched->stages * sizeof *lv);
@@ -574,7 +584,7 @@ static double stage_walk(const gp_profile *p, const gp_schedule *sched, const in
     const int *lvl_act = lv ? lv[j].act : own.act, *lvl_grad = lv ? lv[j].grad : own.grad;
     double act_b[GP_MAX_CHUNKS], grad_b[GP_MAX_CHUNKS];
     for (int i = 0; i < sched->m && i < GP_MAX_CHUNKS; i++) act_b[i] = grad_b[i] = 0;
-    sent_held act_q = {lvl_act, act_b, 0, 0}, grad_q = {lvl_grad, grad_b, 0, 0};
+    sent_held act_q = {lvl_act, act_b, 0, 0, INT_MAX}, grad_q = {lvl_grad, grad_b, 0, 0, INT_MAX};
     /* a backward's rise over its start (after a forward that kept all, or
      * checkpointed), a data half's: once a stage, not once a micro-batch */
     double rise[3];
@@ -585,7 +595,8 @@ static double stage_walk(const gp_profile *p, const gp_schedule *sched, const in
     double rise_half = fmax(in_max, rise[2]);
     for (int c = 0; c < sched->count[d]; c++) {
         const gp_instr *in_ = &sched->list[d][c];
-        if (gp_instr_per_micro_batch(in_->kind))
+        /* (nothing held: nothing to free, the same bits as subtracting 0) */
+        if (gp_instr_per_micro_batch(in_->kind) && (act_q.lo < act_q.hi || grad_q.lo < grad_q.hi))
             cur -= sent_free(&act_q, in_) + sent_free(&grad_q, in_);
         if (in_->j != j && gp_instr_per_micro_batch(in_->kind)) {
             if (level) level[c] = cur; /* another stage's: this one's bytes stay */
