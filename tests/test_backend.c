@@ -3742,6 +3742,34 @@ static void test_gelu_values(gp_device *dev)
     for (int k = 0; k < 5; k++) dfree(dev, bufs[k], N + E);
 }
 
+/* The linear layer's weights slot on an empty micro-batch (n = 0): a fresh
+ * step's dw and db are zero, as the gemm with beta 0, the fill and no
+ * sum_rows it stands for make them (device.c's fallback); an accumulating
+ * one leaves them as they were.  Both storage types (bf16 where the
+ * device has the slot's bf16 half). */
+static void test_linear_bwd_weights_empty(gp_device *dev)
+{
+    const int64_t out = 5, in = 3;
+    for (int bf16 = 0; bf16 < 1 + gp_dev_linear_bf16_has(dev); bf16++)
+        for (int fresh = 0; fresh < 2; fresh++) {
+            float *dw = drand(dev, out * in), *db = drand(dev, out), *x = dalloc(dev, in);
+            float *dy = dalloc(dev, out), w0[5 * 3], b0[5], w1[5 * 3], b1[5];
+            CHECK_OK(gp_dev_download(dev, w0, dw, out * in));
+            CHECK_OK(gp_dev_download(dev, b0, db, out));
+            CHECK_OK(gp_dev_linear_bwd_weights(dev, bf16 ? GP_BF16 : GP_F32, 0, out, in, dy, x,
+                                               dw, db, fresh));
+            CHECK_OK(gp_dev_download(dev, w1, dw, out * in));
+            CHECK_OK(gp_dev_download(dev, b1, db, out));
+            bool ok = true;
+            for (int64_t j = 0; j < out * in; j++) ok &= w1[j] == (fresh ? 0.0f : w0[j]);
+            for (int64_t j = 0; j < out; j++) ok &= b1[j] == (fresh ? 0.0f : b0[j]);
+            CHECK_MSG(ok, "%s linear bwd_weights on 0 rows, %s: dw or db is not %s",
+                      bf16 ? "bf16" : "FP32", fresh ? "fresh" : "accumulating",
+                      fresh ? "zero" : "as it was");
+            dfree(dev, dw, out * in); dfree(dev, db, out); dfree(dev, x, in); dfree(dev, dy, out);
+        }
+}
+
 static void test_linear_gelu(gp_device *dev, bool bf16)
 {
     CHECK(gp_dev_linear_gelu_has(dev, GP_F32));
@@ -3945,6 +3973,7 @@ int main(void)
     test_add_norm(dev);
     test_rms_bf16(dev);
     test_linear_gelu(dev, false);
+    test_linear_bwd_weights_empty(dev);
     test_gelu_values(dev);
     test_pool(dev);
     test_bn(dev);
