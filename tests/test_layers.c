@@ -697,6 +697,52 @@ static void test_all_layers(gp_device *dev)
     for (int k = 0; k < n; k++) check_layer(dev, &cases[k], k, &rng);
 }
 
+/* ---- linear on an empty micro-batch ---------------------------------------- */
+
+/* A step whose micro-batch has no rows still starts its gradients afresh:
+ * the first backward after gp_layer_grads_begin leaves weight and bias
+ * gradients zero, not the last step's (the product's backward overwrites
+ * instead of adding, and with no rows there is no product to do it). */
+static void test_linear_empty_batch(gp_device *dev)
+{
+    hrng rng = {11};
+    gp_layer_spec sp = spec_of(GP_LAYER_LINEAR);
+    sp.out = 2;
+    sp.bias = true;
+    gp_shape in = gp_shape_2d(4, 3), os = gp_shape_2d(4, 2);
+    gp_layer l;
+    CHECK_OK(gp_layer_create(&sp, 0, &in, dev, 1, &l));
+    float xh[12], dyh[8];
+    fill_sym(&rng, xh, 12, 1.0f);
+    fill_sym(&rng, dyh, 8, 1.0f);
+    gp_tensor x = gpt_upload(dev, &in, xh), dy = gpt_upload(dev, &os, dyh);
+    for (int step = 0; step < 2; step++) { /* a step of 4 rows, then one of none */
+        gp_fwd_ctx ctx = train_ctx();
+        gp_tensor xs = gp_tensor_slice(&x, 0, step ? 0 : 4);
+        gp_tensor dys = gp_tensor_slice(&dy, 0, step ? 0 : 4), y = {0}, dx = {0};
+        gp_saved s = {0};
+        gp_layer_grads_begin(&l);
+        CHECK_OK(gp_layer_forward(&l, &ctx, &xs, &y, &s));
+        CHECK_OK(gp_layer_backward(&l, &ctx, &xs, &y, &dys, &dx, &s));
+        CHECK_OK(gp_layer_grads_finish(&l));
+        bool zero = true;
+        for (int p = 0; p < l.n_params; p++) {
+            int64_t n = gp_tensor_numel(&l.params[p].grad);
+            float *g = gpt_download(&l.params[p].grad);
+            for (int64_t i = 0; i < n; i++) zero &= g[i] == 0.0f;
+            free(g);
+        }
+        CHECK_MSG(step ? zero : !zero, "linear, a step of %d rows: its gradients are %s",
+                  step ? 0 : 4, zero ? "zero" : "not zero (the last step's left over?)");
+        gp_saved_free(&s);
+        gp_tensor_free(&y);
+        gp_tensor_free(&dx);
+    }
+    gp_tensor_free(&x);
+    gp_tensor_free(&dy);
+    gp_layer_destroy(&l);
+}
+
 /* ---- dropout ------------------------------------------------------------- */
 
 static void test_dropout(gp_device *dev)
@@ -2228,6 +2274,7 @@ int main(void)
     gp_device_bind_thread(dev);
     test_all_layers(dev);
     test_dropout(dev);
+    test_linear_empty_batch(dev);
     test_bn_stats(dev);
     test_bn_slots(dev);
     test_cross_entropy(dev);
