@@ -274,8 +274,16 @@ static double kept_bytes(const gp_profile *p, int first, int last, int k)
     return kk;
 }
 
+/* One layer's term of bwd_rises: its gradients g and dx, the pops'
+ * pending (fmax(pending, 0)) and held, less what the layers above freed
+ * past `early`. */
+static double rise_at(double g, double dx, double pend, double held, double freed, double early)
+{
+    return g + dx + pend + held - (freed > early ? freed - early : 0);
+}
+
 /* The most a backward of the stage [first, last] (stage j; its data half
- * alone with `half`) holds over what it began with, per sample: layer c's
+ * alone, rise[2] below) holds over what it began with, per sample: layer c's
  * backward makes the gradients of its inputs (a skip's pop's too) while
  * its own incoming one is alive, beside the pops' gradients made above it
  * and not yet added in at their stash (or sent back: a skip from an
@@ -296,11 +304,6 @@ static double kept_bytes(const gp_profile *p, int first, int last, int k)
  * walk's scratch.  Until 2026-12-01 each took its own walk, calloc and
  * kept_bytes, a tenth of planning Llama 3 70B on 64 GPUs; the sums are
  * the same terms in the same order, so the same bits. */
-static double rise_at(double g, double dx, double pend, double held, double freed, double early)
-{
-    return g + dx + pend + held - (freed > early ? freed - early : 0); /* pend: fmax(pending, 0) */
-}
-
 static void bwd_rises(const gp_profile *p, int j, int first, int last, double early,
                       const double *kk, double *pop, double *rise)
 {
