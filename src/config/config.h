@@ -193,6 +193,12 @@ typedef struct gp_data_config {
                                  0 otherwise */
 } gp_data_config;
 
+/* data.augment.resize in effect for a centre crop of out_h x out_w: the
+ * given one, else the crop's shorter side x 256 / 224 (torchvision's
+ * ImageNet evaluation; image_folder.c resizes to it, and the config check
+ * that the crop fits holds it against the crop). */
+int gp_data_config_resize(const gp_data_config *dc, int64_t out_h, int64_t out_w);
+
 typedef struct gp_optim_config {
     char type[16];            /* "sgd", "adam" or "adamw" */
     int kind;                 /* gp_optim_kind (optim.h): 0 sgd, 1 adam, 2 adamw */

@@ -155,6 +155,12 @@ static gp_status parse_folder(gp_cfg_walk *w, const gp_ynode *m, const gp_ynode 
     return s;
 }
 
+int gp_data_config_resize(const gp_data_config *dc, int64_t out_h, int64_t out_w)
+{
+    return dc->resize > 0 ? dc->resize
+                          : (int)lround((double)(out_h < out_w ? out_h : out_w) * 256.0 / 224.0);
+}
+
 /* image_folder's evaluation crop (and training's without
  * random_resized_crop): the shorter side resized to data.augment.resize,
  * then model.input's height and width cut from the centre.  A resize under
@@ -166,9 +172,8 @@ static gp_status check_resize(const gp_cfg_walk *w, const gp_ynode *aug,
 {
     int64_t h = mc->input[1], wd = mc->input[2];
     if (dc->dataset != GP_DATASET_IMAGE_FOLDER || h < 1 || wd < 1) return GP_OK;
-    int64_t big = h > wd ? h : wd, small = h < wd ? h : wd;
-    /* (image_folder.c's default) */
-    int64_t r = dc->resize > 0 ? dc->resize : (int64_t)lround((double)small * 256.0 / 224.0);
+    int64_t big = h > wd ? h : wd;
+    int64_t r = gp_data_config_resize(dc, h, wd);
     if (r >= big) return GP_OK;
     const gp_ynode *rn = gp_ymap_get(aug, "resize");
     if (dc->resize > 0)

@@ -773,8 +773,7 @@ gp_status gp_image_folder_open(const gp_data_config *cfg, bool train_split, int 
     f->masks_binary = cfg->masks_binary;
     f->out_h = out_h;
     f->out_w = out_w;
-    f->resize = cfg->resize > 0 ? cfg->resize
-                                : (int)lround((out_h < out_w ? out_h : out_w) * 256.0 / 224.0);
+    f->resize = gp_data_config_resize(cfg, out_h, out_w);
     f->rrc = cfg->rrc;
     f->hflip = cfg->hflip;
     f->skip_bad = cfg->skip_bad_files;
